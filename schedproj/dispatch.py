@@ -1,0 +1,50 @@
+"""How a decision turns into beat-owned state changes. Pure: takes ``now`` and the task ids."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from schedproj.pipeline import Decision
+from schedproj.state import Deferral, LaneState, SchedRecord
+
+
+@dataclass(frozen=True)
+class Send:
+    """One message to send for a decision."""
+
+    lane: str
+    task_id: str
+    deadline: float
+
+
+def sched_changes(
+    decision: Decision,
+    states: Mapping[str, LaneState],
+    sends: Mapping[str, Send],
+    now: float,
+) -> tuple[dict[str, SchedRecord], list[Deferral]]:
+    """The beat-owned records that change, and the deferrals that are new or changed (to log
+    once per streak, not every tick)."""
+    empty = SchedRecord()
+    changes: dict[str, SchedRecord] = {}
+    news: list[Deferral] = []
+    deferred = {d.lane: d for d in decision.deferred}
+
+    for lane in decision.views:
+        old = states[lane].sched if lane in states else empty
+        if lane in sends:
+            send = sends[lane]
+            changes[lane] = replace(old, inflight_task_id=send.task_id,
+                                    inflight_deadline=send.deadline, last_dispatch_at=now,
+                                    dispatches=old.dispatches + 1, deferral=None)
+        elif lane in deferred:
+            new = deferred[lane]
+            if old.deferral != new:
+                changes[lane] = replace(old, deferral=new)
+                if (old.deferral is None or old.deferral.reason != new.reason
+                        or old.deferral.blocker != new.blocker):
+                    news.append(new)
+        elif old.deferral is not None:
+            changes[lane] = replace(old, deferral=None)
+    return changes, news

@@ -1,0 +1,182 @@
+"""How a lane is declared: the options a Celery task carries to become a lane.
+
+A lane is an ordinary Celery task with a ``lane=Lane(...)`` option::
+
+    @app.task(base=LaneTask, lane=Lane(cadence_s=600, kind=LaneKind.HEAVY, order=20))
+    def summary(): ...
+
+The scheduler finds lanes in the app's task registry (see :mod:`schedproj.registry`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from schedproj.errors import LaneDeclarationError
+
+
+class LaneKind(StrEnum):
+    """Which contention class a lane belongs to (ADR 0022 section 2.3)."""
+
+    #: Takes the one fleet-wide heavy lease; runs on queue ``heavy``, one at a time.
+    HEAVY = "heavy"
+    #: Needs no lease; dispatched to queue ``light`` in the same tick as the heavy winner.
+    LIGHT = "light"
+
+
+class DeploymentClass(StrEnum):
+    """ADR-0014 deployment axis: where a lane may run."""
+
+    #: May run in a cloud deployment.
+    CLOUD_DEPLOYABLE = "cloud-deployable"
+    #: Only on a local host; disabled under the ``cloud`` profile.
+    LOCAL_ONLY = "local-only"
+    #: A primitive every deployment runs.
+    SHARED = "shared"
+
+
+class GateCondition(StrEnum):
+    """When a soft gate defers its lane."""
+
+    #: Defer while the blocker is due and still has backlog (or has never run).
+    DUE_AND_BEHIND = "due-and-behind"
+    #: Defer while the blocker is due or running.
+    DUE_OR_RUNNING = "due-or-running"
+
+
+class DeferralReason(StrEnum):
+    """Why a due lane was not dispatched this tick. Stored in Redis and shown to operators."""
+
+    #: A heavy lane was due while another heavy lane held the lease.
+    LEASE_HELD = "heavy-maintenance-lease-held"
+    #: A heavy lane was due but another heavy lane won the pick this tick.
+    BACKPRESSURE = "heavy-maintenance-backpressure"
+    #: golden-path waits for dream (the original's reason code).
+    GOLDEN_PATH_DEPENDENCY = "golden-path-dependency-backpressure"
+    #: A soft gate on a producer lane deferred its consumer.
+    DEPENDENCY = "dependency-backpressure"
+
+
+@dataclass(frozen=True)
+class Gate:
+    """A soft, deferral-only edge: defer this lane while ``blocker`` meets ``when``.
+
+    ``max_defer_s`` bounds how long one streak may defer: past it the gate lets the lane go (and
+    the decision says so), so a blocker that never drains cannot deadlock the chain.
+    """
+
+    blocker: str
+    when: GateCondition = GateCondition.DUE_AND_BEHIND
+    reason: DeferralReason = DeferralReason.DEPENDENCY
+    max_defer_s: float | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "when", GateCondition(self.when))
+        object.__setattr__(self, "reason", DeferralReason(self.reason))
+
+
+#: A cheap hook the scheduler calls each tick: returns the lane's current backlog (0 = none).
+DueCheck = Callable[[], int]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Lane:
+    """The lane options a Celery task carries. Validated by :meth:`check` with the lane's name.
+
+    ``cadence_s`` is how often the lane should run; its staleness ratio is
+    ``(now - last_run_at) / cadence_s``. A ``backlog_driven`` lane is due only while it has
+    backlog (reported by its last run or by ``due_check``) but is ranked with its cadence.
+    """
+
+    cadence_s: float
+    kind: LaneKind = LaneKind.HEAVY
+    priority0: bool = False
+    deployment: DeploymentClass = DeploymentClass.SHARED
+    gates: tuple[Gate, ...] = ()
+    order: int | None = None
+    backlog_driven: bool = False
+    due_check: DueCheck | None = field(default=None, compare=False)
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        # Accept plain strings and lists from users; store the validated, hashable forms.
+        try:
+            object.__setattr__(self, "kind", LaneKind(self.kind))
+            object.__setattr__(self, "deployment", DeploymentClass(self.deployment))
+        except ValueError as exc:
+            raise LaneDeclarationError(
+                self.name or "<unnamed>", str(exc),
+                f"use one of {[k.value for k in LaneKind]} for kind and "
+                f"{[d.value for d in DeploymentClass]} for deployment",
+            ) from None
+        object.__setattr__(self, "gates", tuple(self.gates))
+
+    def check(self, lane: str) -> None:
+        """Reject declarations that cannot be scheduled, naming the lane and the fix."""
+        cadence: Any = self.cadence_s
+        if isinstance(cadence, bool) or not isinstance(cadence, int | float):
+            raise LaneDeclarationError(
+                lane, f"cadence_s must be a number of seconds, got {cadence!r}",
+                "pass cadence_s=<seconds>, e.g. cadence_s=600 for ten minutes",
+            )
+        if not math.isfinite(cadence) or cadence <= 0:
+            raise LaneDeclarationError(
+                lane, f"cadence_s must be a positive finite number, got {cadence!r}",
+                "pass cadence_s=<seconds> greater than 0",
+            )
+        if self.priority0 and self.kind is LaneKind.LIGHT:
+            raise LaneDeclarationError(
+                lane, "priority0 is set on a light lane",
+                "priority-0 only ranks heavy lanes; drop priority0 or make the lane heavy",
+            )
+        if self.order is not None and (isinstance(self.order, bool)
+                                       or not isinstance(self.order, int)):
+            raise LaneDeclarationError(
+                lane, f"order must be an integer, got {self.order!r}", "pass order=<int>"
+            )
+        if self.due_check is not None and not callable(self.due_check):
+            raise LaneDeclarationError(
+                lane, "due_check is not callable", "pass a function returning the backlog"
+            )
+        for gate in self.gates:
+            if not isinstance(gate, Gate):
+                raise LaneDeclarationError(
+                    lane, f"gate {gate!r} is not a schedproj.Gate", "use Gate(blocker=...)"
+                )
+            if gate.blocker == lane:
+                raise LaneDeclarationError(
+                    lane, "a gate names the lane itself", "remove the self-referencing gate"
+                )
+            if gate.max_defer_s is not None and not gate.max_defer_s > 0:
+                raise LaneDeclarationError(
+                    lane, f"gate on {gate.blocker!r} has max_defer_s={gate.max_defer_s!r}",
+                    "pass a positive number of seconds or None",
+                )
+
+
+@dataclass(frozen=True)
+class LaneSpec:
+    """A validated lane as the pure core sees it: no callables, no Celery."""
+
+    name: str
+    task_name: str
+    kind: LaneKind
+    cadence_s: float
+    priority0: bool = False
+    deployment: DeploymentClass = DeploymentClass.SHARED
+    gates: tuple[Gate, ...] = ()
+    order: int = 1000
+    backlog_driven: bool = False
+
+    @property
+    def heavy(self) -> bool:
+        return self.kind is LaneKind.HEAVY
+
+    @property
+    def sort_key(self) -> tuple[int, str]:
+        """Declared order, then name: never import order."""
+        return (self.order, self.name)

@@ -1,0 +1,14 @@
+-- Take or renew the single-active-beat lock.
+-- KEYS[1] lock, KEYS[2] beat fence counter; ARGV[1] token, ARGV[2] ttl ms
+-- Returns {1, fence, 'acquired' | 'renewed'} or {0, holder token, 'held'}.
+local current = redis.call('GET', KEYS[1])
+if not current then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  local fence = redis.call('INCR', KEYS[2])
+  return {1, fence, 'acquired'}
+end
+if current == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {1, tonumber(redis.call('GET', KEYS[2]) or 0), 'renewed'}
+end
+return {0, current, 'held'}

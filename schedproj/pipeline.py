@@ -1,0 +1,121 @@
+"""The scheduling pipeline: (lanes, state, lease, now, profile) -> Decision. Pure: no I/O, no clock.
+
+Stages, in order (as in the original orchestrator):
+
+1. drop lanes disabled by the deployment profile, paused, or whose state is unreadable;
+2. drop lanes not due or already running / in flight;
+3. defer heavy candidates while the lease is held;
+4. apply soft gates (deferral only, with reason codes);
+5. pick the heavy winner; the other due heavy lanes are deferred behind it;
+6. every surviving light lane is dispatched in the same tick (``also_dispatched``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+
+from schedproj import gates
+from schedproj.lanes import DeferralReason, DeploymentClass, Gate, LaneSpec
+from schedproj.picker import Policy, pick
+from schedproj.settings import Profile
+from schedproj.state import Deferral, LaneState, LeaseView, SchedRecord
+from schedproj.views import LaneView, view_all
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What one tick decided. ``winner`` keeps the ADR's single-winner shape; the light lanes
+    dispatched in the same tick are ``also_dispatched``."""
+
+    winner: str | None
+    also_dispatched: tuple[str, ...] = ()
+    deferred: tuple[Deferral, ...] = ()
+    expired_gates: tuple[tuple[str, Gate], ...] = ()
+    views: Mapping[str, LaneView] = field(default_factory=dict)
+
+    @property
+    def dispatched(self) -> tuple[str, ...]:
+        return ((self.winner,) if self.winner else ()) + self.also_dispatched
+
+
+def enabled_under(profile: Profile, deployment: DeploymentClass) -> bool:
+    """ADR-0014: the cloud profile never runs local-only lanes."""
+    return not (profile is Profile.CLOUD and deployment is DeploymentClass.LOCAL_ONLY)
+
+
+def decide(
+    lanes: Collection[LaneSpec],
+    states: Mapping[str, LaneState],
+    lease: LeaseView | None,
+    now: float,
+    profile: Profile = Profile.LOCAL,
+    *,
+    probes: Mapping[str, int] | None = None,
+    unreadable: Collection[str] = (),
+    policy: Policy = Policy.STALENESS,
+) -> Decision:
+    """Decide one tick. Neither argument is mutated; the result does not depend on the order
+    in which ``lanes`` are given."""
+    empty = SchedRecord()
+    specs = tuple(sorted(
+        (s for s in lanes
+         if enabled_under(profile, s.deployment)
+         and s.name not in unreadable
+         and not states.get(s.name, LaneState()).sched.paused),
+        key=lambda s: s.sort_key,
+    ))
+    views = view_all(specs, states, lease, now, probes or {})
+    candidates = [v for v in views.values() if v.due and not v.in_flight]
+
+    def sched(name: str) -> SchedRecord:
+        st = states.get(name)
+        return st.sched if st is not None else empty
+
+    deferred: list[Deferral] = []
+
+    def defer(name: str, reason: DeferralReason, blocker: str | None) -> None:
+        previous = sched(name).deferral
+        since = previous.since if previous is not None else now
+        deferred.append(Deferral(lane=name, reason=reason, blocker=blocker, since=since))
+
+    survivors: list[LaneView] = []
+    expired: list[tuple[str, Gate]] = []
+    for view in candidates:
+        if view.spec.heavy and lease is not None:
+            defer(view.name, DeferralReason.LEASE_HELD, lease.lane)
+            continue
+        gate, lapsed = gates.evaluate(view, views, sched(view.name).deferral, now)
+        expired.extend((view.name, g) for g in lapsed)
+        if gate is not None:
+            defer(view.name, gate.reason, gate.blocker)
+            continue
+        survivors.append(view)
+
+    winner = pick((v for v in survivors if v.spec.heavy), policy)
+    for view in survivors:
+        if view.spec.heavy and winner is not None and view.name != winner.name:
+            defer(view.name, DeferralReason.BACKPRESSURE, winner.name)
+    light = tuple(v.name for v in survivors if not v.spec.heavy)
+    return Decision(
+        winner=winner.name if winner else None,
+        also_dispatched=light,
+        deferred=tuple(deferred),
+        expired_gates=tuple(expired),
+        views=views,
+    )
+
+
+def seconds_until_next_due(views: Mapping[str, LaneView], states: Mapping[str, LaneState],
+                           now: float) -> float | None:
+    """How long until some idle, time-driven lane turns due (None if none will by time alone)."""
+    best: float | None = None
+    for view in views.values():
+        if view.in_flight or view.due or view.spec.backlog_driven:
+            continue
+        last = states.get(view.name, LaneState()).run.last_run_at
+        if last is None:
+            continue
+        wait = max(0.0, last + view.spec.cadence_s - now)
+        best = wait if best is None else min(best, wait)
+    return best

@@ -1,0 +1,126 @@
+"""One settings object, built from the environment once and passed in.
+
+Environment variables are ``SCHEDPROJ_<FIELD>`` (for example ``SCHEDPROJ_HOLD_CAP_S=600``), except
+the broker, which keeps Celery's usual ``CELERY_BROKER_URL``.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import AliasChoices, Field, ValidationError, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from schedproj import defaults
+from schedproj.errors import ConfigurationError
+from schedproj.picker import Policy
+
+
+class Profile(StrEnum):
+    """Deployment profile (ADR-0014): which lane deployment classes may run here."""
+
+    #: A developer or on-premises host: every lane may run.
+    LOCAL = "local"
+    #: A cloud deployment: lanes declared local-only are disabled.
+    CLOUD = "cloud"
+
+
+class Settings(BaseSettings):
+    """Everything schedproj can be configured with. Units are in the names."""
+
+    model_config = SettingsConfigDict(env_prefix="SCHEDPROJ_", extra="ignore", frozen=True)
+
+    broker_url: str = Field(
+        default="redis://127.0.0.1:6379/0",
+        validation_alias=AliasChoices("CELERY_BROKER_URL", "SCHEDPROJ_BROKER_URL"),
+        description="Celery broker URL.",
+    )
+    redis_url: str | None = Field(
+        default=None, description="Redis for lane state and the lease; defaults to the broker."
+    )
+    key_prefix: str = Field(default=defaults.KEY_PREFIX, min_length=1)
+    profile: Profile = Profile.LOCAL
+    policy: Policy = Field(
+        default=Policy.STALENESS,
+        description="Heavy-lane picking policy; 'registry' is the legacy one, for comparison.",
+    )
+    lane_modules: str = Field(
+        default="",
+        description="Comma-separated modules that declare lanes, imported by schedproj.app.",
+    )
+    lease_ttl_s: float = Field(default=defaults.LEASE_TTL_S, gt=0)
+    start_deadline_s: float = Field(default=defaults.START_DEADLINE_S, gt=0)
+    hold_cap_s: float = Field(default=defaults.HOLD_CAP_S, gt=0)
+    max_hold_s: float = Field(default=defaults.MAX_HOLD_S, gt=0)
+    beat_lock_ttl_s: float = Field(default=defaults.BEAT_LOCK_TTL_S, gt=0)
+    beat_max_loop_interval_s: float = Field(default=defaults.BEAT_MAX_LOOP_INTERVAL_S, gt=0)
+    heavy_time_limit_s: float = Field(default=defaults.HEAVY_TIME_LIMIT_S, gt=0)
+    light_time_limit_s: float = Field(default=defaults.LIGHT_TIME_LIMIT_S, gt=0)
+    visibility_timeout_s: float = Field(default=defaults.VISIBILITY_TIMEOUT_S, gt=0)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        checks = [
+            (
+                self.beat_lock_ttl_s
+                >= defaults.BEAT_LOCK_MIN_LOOP_RATIO * self.beat_max_loop_interval_s,
+                "SCHEDPROJ_BEAT_LOCK_TTL_S",
+                f"beat lock TTL {self.beat_lock_ttl_s}s is not comfortably above the beat loop "
+                f"interval {self.beat_max_loop_interval_s}s; make it at least "
+                f"{defaults.BEAT_LOCK_MIN_LOOP_RATIO:g}x the interval "
+                f"(or lower SCHEDPROJ_BEAT_MAX_LOOP_INTERVAL_S)",
+            ),
+            (
+                self.heavy_time_limit_s < self.visibility_timeout_s,
+                "SCHEDPROJ_HEAVY_TIME_LIMIT_S",
+                f"heavy hard time limit {self.heavy_time_limit_s}s must be below the broker "
+                f"visibility timeout {self.visibility_timeout_s}s, or a long heavy run is "
+                f"redelivered while it still runs; lower it or raise "
+                f"SCHEDPROJ_VISIBILITY_TIMEOUT_S",
+            ),
+            (
+                self.hold_cap_s <= self.max_hold_s,
+                "SCHEDPROJ_HOLD_CAP_S",
+                f"hold cap {self.hold_cap_s}s exceeds the maximum hold {self.max_hold_s}s; "
+                f"lower it or raise SCHEDPROJ_MAX_HOLD_S",
+            ),
+            (
+                self.lease_ttl_s >= 3 * 0.2,
+                "SCHEDPROJ_LEASE_TTL_S",
+                "lease TTL must be at least 0.6s so it can be renewed in time",
+            ),
+        ]
+        for ok, name, message in checks:
+            if not ok:
+                raise ValueError(f"{name}: {message}")
+        if self.redis_url is None and not self.broker_url.startswith(("redis://", "rediss://")):
+            raise ValueError(
+                "SCHEDPROJ_REDIS_URL: the broker is not Redis, so set SCHEDPROJ_REDIS_URL to "
+                "the Redis that holds lane state and the lease"
+            )
+        return self
+
+    @property
+    def state_redis_url(self) -> str:
+        """The Redis URL for state and lease (the broker's when none is set)."""
+        return self.redis_url or self.broker_url
+
+    @property
+    def lane_module_list(self) -> list[str]:
+        return [m.strip() for m in self.lane_modules.split(",") if m.strip()]
+
+    @classmethod
+    def load(cls, **overrides: Any) -> Settings:
+        """Build settings from the environment, turning validation errors into clear ones."""
+        try:
+            return cls(**overrides)
+        except ValidationError as exc:
+            problems = []
+            for err in exc.errors():
+                where = ".".join(str(p) for p in err["loc"]) or "settings"
+                env = f"SCHEDPROJ_{where.upper()}" if err["loc"] else where
+                problems.append(f"{env}: {err['msg']} (got {err.get('input')!r})")
+            raise ConfigurationError(
+                "invalid schedproj settings:\n  " + "\n  ".join(problems)
+            ) from None

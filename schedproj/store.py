@@ -1,0 +1,160 @@
+"""Lane state on Redis: one round trip to load everything a tick needs, guarded writes.
+
+Beat writes only ``<lane>|sched`` fields and only while it holds the beat lock (Lua guard);
+workers write only ``<lane>|run`` fields, atomically with the lease release.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+import redis
+
+from schedproj import scripts
+from schedproj.errors import StateError
+from schedproj.keys import Keys, run_field, sched_field
+from schedproj.lease import parse_lease
+from schedproj.state import LaneState, LeaseView, RunRecord, SchedRecord, decode, encode
+
+#: A lease record that cannot be read still means "held": never dispatch heavy work over it.
+UNREADABLE_LEASE = LeaseView(lane="?", token="", fence=0, granted_at=0.0)
+
+
+@dataclass(frozen=True)
+class LockStatus:
+    held: bool
+    fence: int = 0
+    event: str = ""  # acquired | renewed | held
+    holder: str | None = None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything one tick reads, from a single Redis round trip."""
+
+    lock: LockStatus
+    states: Mapping[str, LaneState]
+    lease: LeaseView | None
+    errors: Mapping[str, str] = field(default_factory=dict)
+
+
+def parse_states(raw: Mapping[str, str], hash_key: str) -> tuple[dict[str, LaneState],
+                                                                  dict[str, str]]:
+    """Decode the lanes hash. A malformed field marks its lane unreadable (reported, skipped)."""
+    runs: dict[str, RunRecord] = {}
+    scheds: dict[str, SchedRecord] = {}
+    errors: dict[str, str] = {}
+    for fld, value in raw.items():
+        lane, sep, part = fld.rpartition("|")
+        where = f"{hash_key} field {fld!r}"
+        if not sep or part not in ("run", "sched"):
+            errors[fld] = f"unexpected field {fld!r} in {hash_key}"
+            continue
+        try:
+            if part == "run":
+                runs[lane] = decode(RunRecord, value, where)
+            else:
+                scheds[lane] = decode(SchedRecord, value, where)
+        except StateError as exc:
+            errors[lane] = str(exc)
+    states = {
+        lane: LaneState(run=runs.get(lane, RunRecord()), sched=scheds.get(lane, SchedRecord()))
+        for lane in set(runs) | set(scheds)
+        if lane not in errors
+    }
+    return states, errors
+
+
+class LaneStore:
+    """Reads and writes lane state, the wake list and scheduling errors."""
+
+    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+        self.client = client
+        self.keys = keys
+        self._lock = scripts.register(client, "beat_lock")
+        self._unlock = scripts.register(client, "beat_unlock")
+        self._guarded_hset = scripts.register(client, "guarded_hset")
+        self._finish = scripts.register(client, "run_finish")
+
+    def snapshot(self, beat_token: str, lock_ttl_s: float) -> Snapshot:
+        """Renew (or try to take) the beat lock and read all state: one round trip."""
+        pipe = self.client.pipeline(transaction=False)
+        self._lock(keys=[self.keys.beat_lock, self.keys.beat_fence],
+                   args=[beat_token, int(lock_ttl_s * 1000)], client=pipe)
+        pipe.hgetall(self.keys.lanes)
+        pipe.get(self.keys.lease)
+        lock_reply, raw_states, raw_lease = pipe.execute()
+        ok, value, event = lock_reply
+        lock = (LockStatus(held=True, fence=int(value), event=str(event)) if int(ok) == 1
+                else LockStatus(held=False, holder=str(value), event=str(event)))
+        states, errors = parse_states(raw_states, self.keys.lanes)
+        try:
+            lease = parse_lease(raw_lease, self.keys.lease)
+        except StateError as exc:
+            errors["<lease>"] = str(exc)
+            lease = UNREADABLE_LEASE
+        return Snapshot(lock=lock, states=states, lease=lease, errors=errors)
+
+    def unlock(self, beat_token: str) -> bool:
+        return int(self._unlock(keys=[self.keys.beat_lock], args=[beat_token])) == 1
+
+    def write_sched(self, beat_token: str, records: Mapping[str, SchedRecord]) -> bool:
+        """Write beat-owned records; False (nothing written) if this beat lost the lock."""
+        if not records:
+            return True
+        args: list[str] = [beat_token]
+        for lane, record in records.items():
+            args += [sched_field(lane), encode(record)]
+        n = self._guarded_hset(keys=[self.keys.beat_lock, self.keys.lanes], args=args)
+        return int(n) >= 0
+
+    def clear_inflight(self, beat_token: str, lane: str) -> None:
+        """Forget a dispatch whose message never left, so the lane is due again next tick."""
+        raw = self.client.hget(self.keys.lanes, sched_field(lane))
+        if raw is None:
+            return
+        record = decode(SchedRecord, raw, f"{self.keys.lanes} field {sched_field(lane)!r}")
+        self.write_sched(beat_token, {lane: replace(record, inflight_task_id=None,
+                                                    inflight_deadline=None)})
+
+    def read_run(self, lane: str) -> RunRecord:
+        raw = self.client.hget(self.keys.lanes, run_field(lane))
+        if raw is None:
+            return RunRecord()
+        return decode(RunRecord, raw, f"{self.keys.lanes} field {run_field(lane)!r}")
+
+    def write_run(self, lane: str, record: RunRecord) -> None:
+        self.client.hset(self.keys.lanes, run_field(lane), encode(record))
+
+    def finish(self, lane: str, record: RunRecord, *, token: str, fence: int,
+               wake_message: str) -> tuple[bool, int]:
+        """Record the outcome, release the lease (if ``token``), wake beat. Atomic."""
+        released, written = self._finish(
+            keys=[self.keys.lease, self.keys.lanes, self.keys.wake],
+            args=[token, run_field(lane), encode(record), fence, wake_message],
+        )
+        return int(released) == 1, int(written)
+
+    def wake(self, message: str) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.lpush(self.keys.wake, message)
+        pipe.ltrim(self.keys.wake, 0, 63)
+        pipe.execute()
+
+    def wait_for_wake(self, timeout_s: float) -> bool:
+        """Block until a run finishes or ``timeout_s`` passes; True if woken."""
+        if timeout_s <= 0:
+            return False
+        woke = self.client.blpop([self.keys.wake], timeout=timeout_s)
+        if woke is not None:
+            # Several runs may have finished; one tick handles them all.
+            self.client.delete(self.keys.wake)
+        return woke is not None
+
+    def record_error(self, lane: str, message: str) -> None:
+        self.client.hset(self.keys.errors, lane, message)
+
+    def clear_errors(self, lanes: list[str]) -> None:
+        if lanes:
+            self.client.hdel(self.keys.errors, *lanes)
