@@ -81,7 +81,7 @@ def lane_set_for(app: Celery) -> LaneSet:
     tasks = app.tasks
 
     def routed(task_name: str) -> str | None:
-        route = app.amqp.router.route({}, task_name)
+        route = app.amqp.router.route({}, task_name, (), {}, tasks[task_name])
         queue = route.get("queue")
         name = getattr(queue, "name", queue)
         return None if name is None else str(name)

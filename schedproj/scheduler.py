@@ -104,8 +104,9 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
 
     @property
     def info(self) -> str:
-        lanes = self.lanes.names if self.lanes else ()
-        return f"    . lanes -> {', '.join(lanes) or '(none)'}"
+        if self.lanes is None:
+            return ""
+        return f"    . lanes -> {', '.join(self.lanes.names) or '(none)'}"
 
     # -- one tick -----------------------------------------------------------------------------
     def _tick(self) -> float:

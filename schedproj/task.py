@@ -96,6 +96,9 @@ class LaneTask(Task):  # type: ignore[misc]
     lane: Lane | None = None
     acks_late = True
     reject_on_worker_lost = True
+    # The lease grant rides as an extra keyword the lane body never sees (popped in __call__),
+    # so Celery's client-side signature check must not reject it.
+    typing = False
 
     # -- what a lane body calls -------------------------------------------------------------
     def should_yield(self) -> bool:

@@ -1,0 +1,98 @@
+"""Lanes for the end-to-end tests, declared as ordinary Celery tasks.
+
+``E2E_SCENARIO`` selects which lanes exist, so each test runs real beat/worker processes on a
+small lane set with cadences of seconds. Every run appends its interval (start, end, fence) to
+a Redis list that outlives the process, so tests can check for overlaps afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import redis
+from celery import shared_task
+
+from schedproj import Lane, LaneKind, LaneTask
+
+SCENARIO = os.environ.get("E2E_SCENARIO", "fairness")
+PREFIX = os.environ.get("SCHEDPROJ_KEY_PREFIX", "schedproj")
+_client: redis.Redis | None = None
+
+
+def client() -> redis.Redis:
+    global _client
+    if _client is None:
+        _client = redis.Redis.from_url(os.environ["SCHEDPROJ_REDIS_URL"], decode_responses=True)
+    return _client
+
+
+def runs_key() -> str:
+    return f"{PREFIX}:e2e:runs"
+
+
+def backlog_key() -> str:
+    return f"{PREFIX}:e2e:backlog"
+
+
+def record(lane: str, start: float, fence: int, **extra: object) -> None:
+    client().rpush(runs_key(), json.dumps(
+        {"lane": lane, "start": start, "end": time.time(), "fence": fence, **extra}))
+
+
+def drain(task: LaneTask, lane: str, item_s: float) -> None:
+    """Work a shared backlog counter item by item, yielding at the hold cap."""
+    start = time.time()
+    left = int(client().get(backlog_key()) or 0)
+    done = 0
+    while left > 0 and not task.should_yield():
+        time.sleep(item_s)
+        left = int(client().decr(backlog_key()))
+        done += 1
+    task.report_backlog(max(0, left))
+    record(lane, start, task.fence, done=done, left=max(0, left))
+
+
+def sleeper(task: LaneTask, lane: str, seconds: float) -> None:
+    start = time.time()
+    time.sleep(seconds)
+    record(lane, start, task.fence)
+
+
+if SCENARIO == "fairness":
+    @shared_task(base=LaneTask, bind=True, name="e2e.backlog",
+                 lane=Lane(cadence_s=3, kind=LaneKind.HEAVY, order=10))
+    def backlog_lane(self: LaneTask) -> None:
+        drain(self, "e2e.backlog", 0.1)
+
+    @shared_task(base=LaneTask, bind=True, name="e2e.starved",
+                 lane=Lane(cadence_s=2, kind=LaneKind.HEAVY, order=20))
+    def starved_lane(self: LaneTask) -> None:
+        sleeper(self, "e2e.starved", 0.3)
+
+    @shared_task(base=LaneTask, bind=True, name="e2e.light",
+                 lane=Lane(cadence_s=1, kind=LaneKind.LIGHT, order=30))
+    def light_lane(self: LaneTask) -> None:
+        sleeper(self, "e2e.light", 0.05)
+
+elif SCENARIO == "slow":
+    # One long heavy lane (killed mid-run in tests) and a slow-cadence lane (restart tests).
+    @shared_task(base=LaneTask, bind=True, name="e2e.long",
+                 lane=Lane(cadence_s=1, kind=LaneKind.HEAVY, order=10))
+    def long_lane(self: LaneTask) -> None:
+        start = time.time()
+        client().rpush(f"{PREFIX}:e2e:started", json.dumps({"start": start, "fence": self.fence}))
+        while time.time() - start < 8 and not self.should_yield():
+            time.sleep(0.1)
+        record("e2e.long", start, self.fence)
+
+    @shared_task(base=LaneTask, bind=True, name="e2e.rare",
+                 lane=Lane(cadence_s=3600, kind=LaneKind.LIGHT, order=20))
+    def rare_lane(self: LaneTask) -> None:
+        sleeper(self, "e2e.rare", 0.01)
+
+    @shared_task(base=LaneTask, bind=True, name="e2e.pulse",
+                 lane=Lane(cadence_s=1, kind=LaneKind.LIGHT, order=30))
+    def pulse_lane(self: LaneTask) -> None:
+        sleeper(self, "e2e.pulse", 0.01)
