@@ -66,13 +66,18 @@ def view_lane(
         due = backlog > 0 or (never_run and probed_backlog is None)
     else:
         due = ratio >= 1.0 or backlog > 0
-    holds_lease = lease is not None and lease.lane == spec.name
+    if spec.heavy:
+        # A heavy run lives exactly as long as its lease: granted at dispatch, renewed while
+        # running, gone when the run ends or its worker dies. Nothing else can wedge the lane.
+        in_flight = lease is not None and lease.lane == spec.name
+    else:
+        in_flight = is_in_flight(state, now)
     return LaneView(
         spec=spec,
         ratio=ratio,
         backlog=max(0, backlog),
         due=due,
-        in_flight=holds_lease or is_in_flight(state, now),
+        in_flight=in_flight,
         never_run=never_run,
     )
 

@@ -96,3 +96,15 @@ elif SCENARIO == "slow":
                  lane=Lane(cadence_s=1, kind=LaneKind.LIGHT, order=30))
     def pulse_lane(self: LaneTask) -> None:
         sleeper(self, "e2e.pulse", 0.01)
+
+elif SCENARIO == "restart":
+    # Slow cadences: after one run each, nothing is due again for a long while.
+    @shared_task(base=LaneTask, bind=True, name="e2e.hourly-heavy",
+                 lane=Lane(cadence_s=3600, kind=LaneKind.HEAVY, order=10))
+    def hourly_heavy(self: LaneTask) -> None:
+        sleeper(self, "e2e.hourly-heavy", 0.1)
+
+    @shared_task(base=LaneTask, bind=True, name="e2e.hourly-light",
+                 lane=Lane(cadence_s=3600, kind=LaneKind.LIGHT, order=20))
+    def hourly_light(self: LaneTask) -> None:
+        sleeper(self, "e2e.hourly-light", 0.01)

@@ -1,0 +1,50 @@
+"""Shared fixtures: real Redis (never mocked), unique key prefixes, per-test settings.
+
+Tests that need Redis skip on a developer machine without one, and fail under CI (``CI`` set),
+where ``.ci/run`` starts Redis first.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+#: Integration tests share this database and keep apart by key prefix (no FLUSHDB).
+REDIS_URL = os.environ.get("SCHEDPROJ_TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
+
+
+def _redis_or_skip(url: str) -> redis.Redis:
+    client = redis.Redis.from_url(url, decode_responses=True, socket_connect_timeout=2)
+    try:
+        client.ping()
+    except redis.ConnectionError as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"Redis is required under CI and does not answer at {url}: {exc}")
+        pytest.skip(f"no Redis at {url}")
+    return client
+
+
+@pytest.fixture
+def redis_url() -> str:
+    return REDIS_URL
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    client = _redis_or_skip(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def key_prefix(redis_client: redis.Redis) -> Iterator[str]:
+    """A fresh prefix per test; its keys are deleted afterwards."""
+    prefix = f"t-{uuid.uuid4().hex[:12]}"
+    yield prefix
+    keys = list(redis_client.scan_iter(f"{prefix}:*"))
+    if keys:
+        redis_client.delete(*keys)
