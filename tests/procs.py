@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -48,10 +49,8 @@ class Proc:
 
     def signal(self, sig: int) -> None:
         """Signal the whole process group (a prefork worker's children too)."""
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.popen.pid, sig)
-        except ProcessLookupError:
-            pass
 
     def alive(self) -> bool:
         return self.popen.poll() is None

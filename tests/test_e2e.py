@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -69,7 +70,7 @@ def heavy_runs(r: redis.Redis) -> list[dict]:
 
 
 def assert_no_overlap(intervals: list[dict]) -> None:
-    for before, after in zip(intervals, intervals[1:], strict=False):
+    for before, after in itertools.pairwise(intervals):
         assert after["start"] >= before["end"], f"heavy runs overlap: {before} and {after}"
         assert after["fence"] > before["fence"], f"fence did not increase: {before} {after}"
 
@@ -105,7 +106,7 @@ def test_fair_sharing_yield_and_light_lanes(r: redis.Redis, tmp_path: Path,
     during_heavy = [x for x in light
                     if any(h["start"] < x["start"] < h["end"] for h in heavy)]
     assert during_heavy, "no light run started while a heavy lane held the lease"
-    gaps = [b["start"] - a["start"] for a, b in zip(light, light[1:], strict=False)]
+    gaps = [b["start"] - a["start"] for a, b in itertools.pairwise(light)]
     # Cadence 1 s; a light lane is dispatched in the tick it falls due (loop 0.5 s).
     assert max(gaps) < 1.0 + 0.5 + 0.75, f"light lane delayed: gaps {gaps}"
 
