@@ -13,7 +13,7 @@ from typing import Any
 from celery import Celery, signals
 
 from schedproj import defaults
-from schedproj.errors import SchedprojError
+from schedproj.errors import ConfigurationError, SchedprojError
 from schedproj.lanes import LaneKind
 from schedproj.registry import LaneSet, build_lane_set, lane_tasks, queue_for
 from schedproj.settings import Settings
@@ -77,7 +77,14 @@ def lane_set_for(app: Celery) -> LaneSet:
     if cached is not None:
         return cached  # type: ignore[no-any-return]
     settings: Settings = app.schedproj_settings
-    app.loader.import_default_modules()
+    try:
+        app.loader.import_default_modules()
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"cannot import lane module {exc.name!r} ({exc}). Fix: check SCHEDPROJ_LANE_MODULES "
+            f"(now {settings.lane_modules!r}) or the app's include list, and that the module is "
+            "on PYTHONPATH"
+        ) from None
     tasks = app.tasks
 
     def routed(task_name: str) -> str | None:

@@ -1,0 +1,95 @@
+"""Run beat and one worker per queue as child processes: the everyday local layout.
+
+Used by ``schedproj up``. Children run the public commands, so what works here works under a
+process supervisor or compose too.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import IO
+
+from schedproj import defaults
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    label: str
+    argv: tuple[str, ...]
+
+
+def layout(app: str, *, light_concurrency: int, loglevel: str) -> list[ProcessSpec]:
+    """The three processes of a deployment: heavy worker (-c 1), light worker, fair beat."""
+    celery = (sys.executable, "-m", "celery", "-A", app)
+    common = ("--without-gossip", "--without-mingle", "-l", loglevel)
+    return [
+        ProcessSpec("heavy", (*celery, "worker", "-Q", defaults.HEAVY_QUEUE, "-c", "1",
+                              "-n", "heavy@%h", *common)),
+        ProcessSpec("light", (*celery, "worker", "-Q", defaults.LIGHT_QUEUE, "-c",
+                              str(light_concurrency), "-n", "light@%h", *common)),
+        ProcessSpec("beat", (*celery, "beat", "-S", "fair", "-l", loglevel)),
+    ]
+
+
+def _pump(label: str, stream: IO[bytes], out: IO[str]) -> None:
+    for raw in iter(stream.readline, b""):
+        out.write(f"[{label:5}] {raw.decode(errors='replace')}")
+        out.flush()
+
+
+def run_all(specs: list[ProcessSpec], env: Mapping[str, str], *,
+            duration_s: float | None = None, out: IO[str] = sys.stdout) -> int:
+    """Start every process, relay their output with a label, stop them all together.
+
+    Returns 0 after ``duration_s`` or Ctrl-C, or 1 if a process died on its own.
+    """
+    children: list[tuple[ProcessSpec, subprocess.Popen[bytes]]] = []
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    code = 0
+    try:
+        for spec in specs:
+            popen = subprocess.Popen(spec.argv, env=dict(env), stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+            assert popen.stdout is not None
+            threading.Thread(target=_pump, args=(spec.label, popen.stdout, out),
+                             daemon=True).start()
+            children.append((spec, popen))
+        deadline = None if duration_s is None else time.monotonic() + duration_s
+        while not stop.is_set():
+            dead = [(s, p) for s, p in children if p.poll() is not None]
+            if dead:
+                for s, p in dead:
+                    out.write(f"schedproj up: {s.label} exited with code {p.returncode}; "
+                              "stopping the others\n")
+                code = 1
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            stop.wait(0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        _stop(children)
+    return code
+
+
+def _stop(children: list[tuple[ProcessSpec, subprocess.Popen[bytes]]]) -> None:
+    for _, popen in children:
+        if popen.poll() is None:
+            os.killpg(popen.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 15
+    for _, popen in children:
+        try:
+            popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(popen.pid, signal.SIGKILL)
+            popen.wait()
