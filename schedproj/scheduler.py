@@ -19,6 +19,7 @@ import redis
 from celery.beat import ScheduleEntry, Scheduler
 from celery.schedules import schedule as every
 
+from schedproj import defaults
 from schedproj.config import lane_set_for, validate_or_exit
 from schedproj.dispatch import Send, sched_changes
 from schedproj.errors import SchedprojError
@@ -63,6 +64,7 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
             )
             for spec in self.lanes.specs
         }
+        self._declare_queues()
         if self.app.conf.beat_schedule:
             logger.warning("beat_schedule entries %s are not run by FairScheduler; declare "
                            "them as lanes (lane=Lane(...)) instead",
@@ -73,6 +75,15 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         logger.info("FairScheduler %s: %d lanes, policy %s, profile %s", self.token[:8],
                     len(self.lanes.specs), self.settings.policy.value,
                     self.settings.profile.value)
+
+    def _declare_queues(self) -> None:
+        """Declare both queues before the first send: beat's producer does not auto-declare,
+        and on Redis a message sent to a queue nobody declared yet is silently dropped."""
+        with self.app.connection_for_write() as conn:
+            channel = conn.default_channel
+            for name in (defaults.HEAVY_QUEUE, defaults.LIGHT_QUEUE):
+                queue = self.app.amqp.queues[name]
+                queue.bind(channel).declare()
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         try:

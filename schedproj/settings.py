@@ -29,7 +29,9 @@ class Profile(StrEnum):
 class Settings(BaseSettings):
     """Everything schedproj can be configured with. Units are in the names."""
 
-    model_config = SettingsConfigDict(env_prefix="SCHEDPROJ_", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(
+        env_prefix="SCHEDPROJ_", extra="ignore", frozen=True, populate_by_name=True
+    )
 
     broker_url: str = Field(
         default="redis://127.0.0.1:6379/0",

@@ -1,0 +1,203 @@
+"""FairScheduler in-process against real Redis: what one tick reads, writes and sends.
+
+Beat's sends go to a real Redis broker (database 13); the tests read the queued messages back
+from the ``heavy`` and ``light`` lists instead of running workers.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+import redis
+from celery import Celery
+
+from schedproj import Lane, LaneKind, LaneTask, Settings, configure_app
+from schedproj.keys import Keys
+from schedproj.scheduler import FairScheduler
+
+BROKER_URL = "redis://127.0.0.1:6379/13"
+
+
+@pytest.fixture
+def broker(redis_client: redis.Redis) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(BROKER_URL, decode_responses=True)
+    client.delete("heavy", "light")
+    yield client
+    client.delete("heavy", "light")
+    client.close()
+
+
+def sent(broker: redis.Redis, queue: str) -> list[dict]:
+    messages = [json.loads(m) for m in broker.lrange(queue, 0, -1)]
+    return [{"task": m["headers"]["task"], "id": m["headers"]["id"]} for m in messages]
+
+
+def build(key_prefix: str, declare: Callable[[Celery], None], **overrides: object) -> Celery:
+    options: dict[str, object] = {
+        "broker_url": BROKER_URL, "redis_url": "redis://127.0.0.1:6379/14",
+        "key_prefix": key_prefix, "beat_max_loop_interval_s": 0.2, "beat_lock_ttl_s": 1.0,
+        "start_deadline_s": 5.0, **overrides,
+    }
+    settings = Settings.load(**options)
+    app = Celery(f"t-{uuid.uuid4().hex[:6]}", set_as_current=False)
+    configure_app(app, settings)
+    declare(app)
+    return app
+
+
+def three_lanes(app: Celery) -> None:
+    @app.task(shared=False, base=LaneTask, name="t.heavy-a", lane=Lane(cadence_s=60, order=1))
+    def heavy_a() -> None: ...
+
+    @app.task(shared=False, base=LaneTask, name="t.heavy-b", lane=Lane(cadence_s=60, order=2))
+    def heavy_b() -> None: ...
+
+    @app.task(shared=False, base=LaneTask, name="t.light", lane=Lane(cadence_s=60, kind=LaneKind.LIGHT))
+    def light() -> None: ...
+
+
+def test_one_tick_sends_heavy_winner_and_light_lanes(key_prefix: str, broker: redis.Redis,
+                                                    redis_client: redis.Redis) -> None:
+    sched = FairScheduler(app=build(key_prefix, three_lanes))
+    sched.tick()
+    assert [m["task"] for m in sent(broker, "heavy")] == ["t.heavy-a"]
+    assert [m["task"] for m in sent(broker, "light")] == ["t.light"]
+    keys = Keys(key_prefix)
+    lease = json.loads(redis_client.get(keys.lease))
+    assert lease["lane"] == "t.heavy-a" and lease["task_id"] == sent(broker, "heavy")[0]["id"]
+    # The loser's deferral is recorded durably with reason and blocker.
+    b = json.loads(redis_client.hget(keys.lanes, "t.heavy-b|sched"))
+    assert b["deferral"]["reason"] == "heavy-maintenance-backpressure"
+    assert b["deferral"]["blocker"] == "t.heavy-a"
+    since = b["deferral"]["since"]
+
+    sched.tick()  # lease held, light in flight: nothing more is sent
+    assert len(sent(broker, "heavy")) == 1 and len(sent(broker, "light")) == 1
+    b = json.loads(redis_client.hget(keys.lanes, "t.heavy-b|sched"))
+    assert b["deferral"]["reason"] == "heavy-maintenance-lease-held"
+    assert b["deferral"]["since"] == since, "the deferral streak start slid"
+    sched.close()
+
+
+def test_standby_beat_sends_nothing(key_prefix: str, broker: redis.Redis) -> None:
+    active = FairScheduler(app=build(key_prefix, three_lanes))
+    standby = FairScheduler(app=build(key_prefix, three_lanes))
+    active.tick()
+    before = len(sent(broker, "heavy")) + len(sent(broker, "light"))
+    for _ in range(3):
+        standby.tick()
+    assert not standby.active
+    assert len(sent(broker, "heavy")) + len(sent(broker, "light")) == before
+    active.close()
+
+
+def test_beat_that_loses_its_lock_stops_at_once(key_prefix: str, broker: redis.Redis,
+                                                redis_client: redis.Redis,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    sched = FairScheduler(app=build(key_prefix, three_lanes))
+    sched.tick()
+    assert sched.active
+    redis_client.delete("heavy")
+    broker.delete("heavy", "light")
+    keys = Keys(key_prefix)
+    # Another beat took over (e.g. this one was paused past its lock TTL); state moved on.
+    redis_client.set(keys.beat_lock, "someone-else", px=60_000)
+    redis_client.delete(keys.lease)
+    redis_client.hdel(keys.lanes, "t.light|sched")
+    with caplog.at_level("CRITICAL", logger="schedproj.beat"):
+        sched.tick()
+    assert not sched.active
+    assert "STOPPED DISPATCHING" in caplog.text
+    assert sent(broker, "heavy") == [] and sent(broker, "light") == []
+    assert not redis_client.exists(keys.lease)
+
+
+def test_lock_lost_between_read_and_grant_grants_nothing(key_prefix: str, broker: redis.Redis,
+                                                         redis_client: redis.Redis) -> None:
+    """The lease grant itself checks the beat lock, so a beat that lost it cannot dispatch
+    even if it read the state a moment earlier."""
+    sched = FairScheduler(app=build(key_prefix, three_lanes))
+    keys = Keys(key_prefix)
+    original = sched.rt.store.snapshot
+
+    def snapshot_then_lose_lock(token: str, ttl: float):  # type: ignore[no-untyped-def]
+        snap = original(token, ttl)
+        redis_client.set(keys.beat_lock, "thief", px=60_000)
+        return snap
+
+    sched.rt.store.snapshot = snapshot_then_lose_lock  # type: ignore[method-assign]
+    sched.tick()
+    assert sent(broker, "heavy") == [] and sent(broker, "light") == []
+    assert not redis_client.exists(keys.lease)
+    assert redis_client.hget(keys.lanes, "t.light|sched") is None
+
+
+def test_due_check_that_raises_is_recorded_and_tick_goes_on(
+        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis) -> None:
+    def broken() -> int:
+        raise RuntimeError("backlog store down")
+
+    def declare(app: Celery) -> None:
+        @app.task(shared=False, base=LaneTask, name="t.probed",
+                  lane=Lane(cadence_s=60, backlog_driven=True, due_check=broken))
+        def probed() -> None: ...
+
+        @app.task(shared=False, base=LaneTask, name="t.other", lane=Lane(cadence_s=60))
+        def other() -> None: ...
+
+    sched = FairScheduler(app=build(key_prefix, declare))
+    sched.tick()
+    assert [m["task"] for m in sent(broker, "heavy")] == ["t.other"]
+    error = redis_client.hget(Keys(key_prefix).errors, "t.probed")
+    assert error and "RuntimeError" in error and "backlog store down" in error
+    sched.close()
+
+
+@pytest.mark.parametrize("garbage", ["not json", '{"v": 99}', '{"v": 1, "runs": "many"}'])
+def test_garbage_state_is_reported_not_overwritten(key_prefix: str, broker: redis.Redis,
+                                                   redis_client: redis.Redis,
+                                                   garbage: str) -> None:
+    keys = Keys(key_prefix)
+    redis_client.hset(keys.lanes, "t.heavy-a|run", garbage)
+    sched = FairScheduler(app=build(key_prefix, three_lanes))
+    for _ in range(3):
+        sched.tick()  # no crash loop
+    assert redis_client.hget(keys.lanes, "t.heavy-a|run") == garbage
+    error = redis_client.hget(keys.errors, "t.heavy-a")
+    assert error is not None and "t.heavy-a|run" in error and "left untouched" in error
+    assert "t.heavy-a" not in [m["task"] for m in sent(broker, "heavy")]
+    assert [m["task"] for m in sent(broker, "heavy")] == ["t.heavy-b"]
+    sched.close()
+
+
+def test_finishing_run_wakes_beat_before_its_interval(key_prefix: str, broker: redis.Redis,
+                                                      redis_client: redis.Redis) -> None:
+    sched = FairScheduler(app=build(key_prefix, three_lanes, beat_max_loop_interval_s=5.0,
+                                    beat_lock_ttl_s=15.0))
+    sched.tick()  # dispatches; the next tick would sleep up to 5 s
+    threading.Timer(0.3, lambda: sched.rt.store.wake("t.heavy-a:completed")).start()
+    started = time.monotonic()
+    sched.tick()
+    assert time.monotonic() - started < 2.0
+    sched.close()
+
+
+def test_send_failure_releases_the_lease(key_prefix: str, broker: redis.Redis,
+                                         redis_client: redis.Redis) -> None:
+    sched = FairScheduler(app=build(key_prefix, three_lanes))
+
+    def failing_apply_async(*args: object, **kwargs: object) -> None:
+        raise ConnectionError("broker down")
+
+    sched.app.tasks["t.heavy-a"].apply_async = failing_apply_async
+    sched.tick()
+    keys = Keys(key_prefix)
+    assert not redis_client.exists(keys.lease), "a lease was left for a message never sent"
+    record = json.loads(redis_client.hget(keys.lanes, "t.heavy-a|sched"))
+    assert record["inflight_task_id"] is None
+    sched.close()
