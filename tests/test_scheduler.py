@@ -57,7 +57,8 @@ def three_lanes(app: Celery) -> None:
     @app.task(shared=False, base=LaneTask, name="t.heavy-b", lane=Lane(cadence_s=60, order=2))
     def heavy_b() -> None: ...
 
-    @app.task(shared=False, base=LaneTask, name="t.light", lane=Lane(cadence_s=60, kind=LaneKind.LIGHT))
+    @app.task(shared=False, base=LaneTask, name="t.light",
+              lane=Lane(cadence_s=60, kind=LaneKind.LIGHT))
     def light() -> None: ...
 
 
