@@ -108,3 +108,14 @@ elif SCENARIO == "restart":
                  lane=Lane(cadence_s=3600, kind=LaneKind.LIGHT, order=20))
     def hourly_light(self: LaneTask) -> None:
         sleeper(self, "e2e.hourly-light", 0.01)
+
+elif SCENARIO == "deadline":
+    @shared_task(base=LaneTask, bind=True, name="e2e.quick",
+                 lane=Lane(cadence_s=1, kind=LaneKind.HEAVY, order=10))
+    def quick(self: LaneTask) -> None:
+        sleeper(self, "e2e.quick", 0.05)
+
+    @shared_task(base=LaneTask, bind=True, name="e2e.slowlight",
+                 lane=Lane(cadence_s=0.5, kind=LaneKind.LIGHT, order=20))
+    def slowlight(self: LaneTask) -> None:
+        sleeper(self, "e2e.slowlight", 1.5)

@@ -180,3 +180,66 @@ def test_killed_heavy_worker_frees_lease_and_lane_runs_again(
     wait_for(lambda: r.llen(started) >= 2, 20, "the lane picked again on a live worker")
     second = json.loads(r.lindex(started, 1))
     assert second["fence"] > first["fence"]
+
+
+def test_missing_heavy_worker_cannot_wedge_the_lease(r: redis.Redis, tmp_path: Path,
+                                                     cluster_factory: list[Cluster]) -> None:
+    """With no heavy worker, each grant lapses after the start deadline and is granted anew;
+    when a worker arrives, expired messages are dropped and exactly the current one runs.
+    Meanwhile a light lane slower than its cadence never runs twice at once."""
+    c = make_cluster(tmp_path, "deadline")
+    cluster_factory.append(c)
+    c.worker("light1", "light", concurrency=3)
+    c.beat("beat1")
+
+    def fence() -> int:
+        raw = r.get(KEYS.lease)
+        return int(json.loads(raw)["fence"]) if raw else 0
+
+    wait_for(lambda: fence() >= 1, 10, "a first heavy grant")
+    wait_for(lambda: fence() >= 2, 5 + 3, "the unstarted grant to lapse and be re-granted")
+    assert not any(x["lane"] == "e2e.quick" for x in runs(r))
+
+    c.worker("heavy1", "heavy")
+    wait_for(lambda: sum(x["lane"] == "e2e.quick" for x in runs(r)) >= 3, 20,
+             "the heavy lane runs once a worker is there")
+    assert_no_overlap(heavy_runs(r))
+
+    slow = sorted((x for x in runs(r) if x["lane"] == "e2e.slowlight"),
+                  key=lambda x: x["start"])
+    assert len(slow) >= 3
+    for before, after in itertools.pairwise(slow):
+        assert after["start"] >= before["end"] - 0.01, f"two runs of one light lane: {slow}"
+
+
+def test_forged_or_missing_token_is_refused_and_lease_untouched(
+        r: redis.Redis, tmp_path: Path, cluster_factory: list[Cluster]) -> None:
+    from celery import Celery
+
+    from schedproj.lease import HeavyLease
+    from schedproj.redis_conn import connect
+
+    c = make_cluster(tmp_path, "deadline")
+    cluster_factory.append(c)
+    c.worker("heavy1", "heavy")
+    lease = HeavyLease(connect(E2E_REDIS_URL), KEYS)
+    grant = lease.acquire("e2e.somebody-else", "real-token", 60, time.time())
+    assert grant.granted
+
+    sender = Celery("sender", broker=E2E_REDIS_URL, set_as_current=False)
+    sender.conf.task_serializer = "json"
+    sender.send_task("e2e.quick", kwargs={"schedproj_lease": {"token": "forged", "fence": 999}},
+                     queue="heavy")
+    sender.send_task("e2e.quick", queue="heavy")
+
+    def reasons() -> str:
+        return c.procs[0].text()
+
+    wait_for(lambda: "stale-lease:taken" in reasons() and "missing-lease-token" in reasons(),
+             15, "both messages refused")
+    assert not any(x["lane"] == "e2e.quick" for x in runs(r)), "a refused run executed"
+    current = lease.read()
+    assert current is not None and current.token == "real-token" and current.fence == grant.fence
+    record = json.loads(r.hget(KEYS.lanes, "e2e.quick|run"))
+    assert record["last_outcome"] == "skipped"
+    assert record["runs"] == 0
