@@ -93,3 +93,7 @@ def up(app_name: str, lanes: str | None, light_concurrency: int, loglevel: str,
     code = run_all(layout(app_name, light_concurrency=light_concurrency, loglevel=loglevel),
                    env, duration_s=duration_s)
     sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

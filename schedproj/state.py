@@ -125,18 +125,29 @@ def _build(cls: type[R], data: dict[str, Any]) -> R:
     if cls is RunRecord and data.get("last_outcome") is not None:
         data["last_outcome"] = Outcome(data["last_outcome"])
     if cls is SchedRecord and data.get("deferral") is not None:
-        d = dict(data["deferral"])
-        d["reason"] = DeferralReason(d["reason"])
-        data["deferral"] = Deferral(**d)
+        data["deferral"] = _build_deferral(data["deferral"])
     record = cls(**data)
     _check_types(record)
     return record
 
 
+def _build_deferral(raw: Any) -> Deferral:
+    if not isinstance(raw, dict):
+        raise TypeError(f"deferral must be an object, got {raw!r}")
+    missing = {"lane", "reason", "since"} - set(raw)
+    if missing:
+        raise ValueError(f"deferral lacks {sorted(missing)}")
+    d = dict(raw)
+    d["reason"] = DeferralReason(d["reason"])
+    deferral = Deferral(**d)
+    _check_types(deferral)
+    return deferral
+
+
 _NUMERIC = (int, float)
 
 
-def _check_types(record: RunRecord | SchedRecord | LeaseView) -> None:
+def _check_types(record: RunRecord | SchedRecord | LeaseView | Deferral) -> None:
     """Reject values of the wrong JSON type so garbage never reaches the picker."""
     for f in fields(record):
         value = getattr(record, f.name)

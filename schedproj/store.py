@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import redis
 
@@ -79,12 +80,12 @@ class LaneStore:
 
     def snapshot(self, beat_token: str, lock_ttl_s: float) -> Snapshot:
         """Renew (or try to take) the beat lock and read all state: one round trip."""
-        pipe = self.client.pipeline(transaction=False)
-        self._lock(keys=[self.keys.beat_lock, self.keys.beat_fence],
-                   args=[beat_token, int(lock_ttl_s * 1000)], client=pipe)
-        pipe.hgetall(self.keys.lanes)
-        pipe.get(self.keys.lease)
-        lock_reply, raw_states, raw_lease = pipe.execute()
+        try:
+            lock_reply, raw_states, raw_lease = self._snapshot_pipeline(beat_token, lock_ttl_s)
+        except redis.exceptions.NoScriptError:
+            # First use on this server (or after SCRIPT FLUSH / a restart): load, then retry.
+            self.client.script_load(self._lock.script)
+            lock_reply, raw_states, raw_lease = self._snapshot_pipeline(beat_token, lock_ttl_s)
         ok, value, event = lock_reply
         lock = (LockStatus(held=True, fence=int(value), event=str(event)) if int(ok) == 1
                 else LockStatus(held=False, holder=str(value), event=str(event)))
@@ -95,6 +96,16 @@ class LaneStore:
             errors["<lease>"] = str(exc)
             lease = UNREADABLE_LEASE
         return Snapshot(lock=lock, states=states, lease=lease, errors=errors)
+
+    def _snapshot_pipeline(self, beat_token: str, lock_ttl_s: float) -> list[Any]:
+        # EVALSHA directly: a pipeline holding a registered Script first sends its own
+        # SCRIPT EXISTS, which would cost a second round trip on every tick.
+        pipe = self.client.pipeline(transaction=False)
+        pipe.evalsha(self._lock.sha, 2, self.keys.beat_lock, self.keys.beat_fence,
+                     beat_token, int(lock_ttl_s * 1000))
+        pipe.hgetall(self.keys.lanes)
+        pipe.get(self.keys.lease)
+        return pipe.execute()
 
     def unlock(self, beat_token: str) -> bool:
         return int(self._unlock(keys=[self.keys.beat_lock], args=[beat_token])) == 1
@@ -128,11 +139,13 @@ class LaneStore:
         self.client.hset(self.keys.lanes, run_field(lane), encode(record))
 
     def finish(self, lane: str, record: RunRecord, *, token: str, fence: int,
-               wake_message: str) -> tuple[bool, int]:
-        """Record the outcome, release the lease (if ``token``), wake beat. Atomic."""
+               wake_message: str, write: bool = True) -> tuple[bool, int]:
+        """Record the outcome (unless ``write`` is False: the stored record is unreadable and
+        must stay untouched), release the lease (if ``token``), wake beat. Atomic."""
         released, written = self._finish(
             keys=[self.keys.lease, self.keys.lanes, self.keys.wake],
-            args=[token, run_field(lane), encode(record), fence, wake_message],
+            args=[token, run_field(lane), encode(record), fence, wake_message,
+                  "1" if write else "0"],
         )
         return int(released) == 1, int(written)
 

@@ -136,14 +136,13 @@ class LaneTask(Task):  # type: ignore[misc]
     def _run_heavy(self, rt: Runtime, task_id: str, grant: Any, args: Any, kwargs: Any) -> Any:
         token = grant.get("token") if isinstance(grant, dict) else None
         if not isinstance(token, str) or not token:
-            return self._skip(rt, task_id, "missing-lease-token", 0)
+            return self._skip(rt, task_id, "missing-lease-token")
         ok, value = rt.lease.start(token, rt.settings.lease_ttl_s, time.time())
         if not ok:
-            fence = grant.get("fence") if isinstance(grant.get("fence"), int) else 0
-            return self._skip(rt, task_id, f"stale-lease:{value}", fence)
+            return self._skip(rt, task_id, f"stale-lease:{value}")
         return self._run(rt, task_id, token, int(value), rt.settings.hold_cap_s, args, kwargs)
 
-    def _skip(self, rt: Runtime, task_id: str, reason: str, fence: int) -> dict[str, Any]:
+    def _skip(self, rt: Runtime, task_id: str, reason: str) -> dict[str, Any]:
         logger.warning("lane %s: skipped task %s (%s); nothing ran", self.lane_name, task_id,
                        reason)
         try:
@@ -152,7 +151,8 @@ class LaneTask(Task):  # type: ignore[misc]
             logger.exception("lane %s: cannot record the skip", self.lane_name)
             return {"outcome": Outcome.SKIPPED.value, "reason": reason}
         record = replace(before, last_outcome=Outcome.SKIPPED, last_reason=reason)
-        rt.store.finish(self.lane_name, record, token="", fence=fence,
+        # Fence of the record as read: a run that started meanwhile (higher fence) wins.
+        rt.store.finish(self.lane_name, record, token="", fence=before.fence,
                         wake_message=f"{self.lane_name}:skipped")
         return {"outcome": Outcome.SKIPPED.value, "reason": reason}
 
@@ -182,21 +182,26 @@ class LaneTask(Task):  # type: ignore[misc]
             self._record(rt, ctx, before, outcome, reason, token)
         return result
 
-    def _mark_running(self, rt: Runtime, ctx: RunContext, *, heavy: bool) -> RunRecord:
+    def _mark_running(self, rt: Runtime, ctx: RunContext, *, heavy: bool) -> RunRecord | None:
+        """Record that the run started; None if the stored record is unreadable (then it is
+        left untouched, and the outcome is logged instead of recorded)."""
         s = rt.settings
         bound = s.lease_ttl_s + s.heavy_time_limit_s if heavy else s.light_time_limit_s
         try:
             before = rt.store.read_run(ctx.lane)
         except StateError:
-            logger.exception("lane %s: run record unreadable; running without it", ctx.lane)
-            return RunRecord(fence=ctx.fence)
+            logger.exception("lane %s: run record unreadable; running without recording",
+                             ctx.lane)
+            return None
         rt.store.write_run(ctx.lane, replace(
             before, running_task_id=ctx.task_id, running_since=ctx.started_at,
             running_until=ctx.started_at + bound, fence=max(before.fence, ctx.fence)))
         return before
 
-    def _record(self, rt: Runtime, ctx: RunContext, before: RunRecord, outcome: Outcome,
-                reason: str | None, token: str) -> None:
+    def _record(self, rt: Runtime, ctx: RunContext, before: RunRecord | None,
+                outcome: Outcome, reason: str | None, token: str) -> None:
+        writable = before is not None
+        before = before or RunRecord()
         record = RunRecord(
             last_run_at=time.time(), last_outcome=outcome, last_reason=reason,
             last_task_id=ctx.task_id, backlog=ctx.backlog or 0, runs=before.runs + 1,
@@ -204,7 +209,8 @@ class LaneTask(Task):  # type: ignore[misc]
         )
         try:
             released, written = rt.store.finish(ctx.lane, record, token=token, fence=ctx.fence,
-                                                wake_message=f"{ctx.lane}:{outcome.value}")
+                                                wake_message=f"{ctx.lane}:{outcome.value}",
+                                                write=writable)
         except Exception:
             logger.exception("lane %s: could not record outcome %s; the lease (if any) "
                              "expires on its own", ctx.lane, outcome.value)
@@ -212,7 +218,10 @@ class LaneTask(Task):  # type: ignore[misc]
         if token and not released:
             logger.error("lane %s: the lease was no longer ours at the end of the run",
                          ctx.lane)
-        if written != 1:
-            logger.error("lane %s: outcome %s not recorded (%s)", ctx.lane, outcome.value,
-                         "a newer run owns the record" if written == 0 else "record unreadable")
+        if written == 0:
+            logger.error("lane %s: outcome %s not recorded: a newer run (higher fence) owns the "
+                         "record", ctx.lane, outcome.value)
+        elif written < 0:
+            logger.error("lane %s: outcome %s not recorded: the stored run record is unreadable "
+                         "and was left untouched", ctx.lane, outcome.value)
         logger.info("lane %s: %s (backlog %s)", ctx.lane, outcome.value, record.backlog)

@@ -15,6 +15,9 @@ import redis
 
 #: Integration tests share this database and keep apart by key prefix (no FLUSHDB).
 REDIS_URL = os.environ.get("SCHEDPROJ_TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
+#: End-to-end tests own this database (its queues carry the public names heavy/light) and
+#: flush it before each test.
+E2E_REDIS_URL = os.environ.get("SCHEDPROJ_E2E_REDIS_URL", "redis://127.0.0.1:6379/15")
 
 
 def _redis_or_skip(url: str) -> redis.Redis:
@@ -48,3 +51,12 @@ def key_prefix(redis_client: redis.Redis) -> Iterator[str]:
     keys = list(redis_client.scan_iter(f"{prefix}:*"))
     if keys:
         redis_client.delete(*keys)
+
+
+@pytest.fixture
+def e2e_redis() -> Iterator[redis.Redis]:
+    """The end-to-end database, flushed: real processes share its queues and state."""
+    client = _redis_or_skip(E2E_REDIS_URL)
+    client.flushdb()
+    yield client
+    client.close()

@@ -15,28 +15,18 @@ import pytest
 import redis
 
 from schedproj.keys import Keys
+from tests.conftest import E2E_REDIS_URL
 from tests.procs import FAST_SETTINGS, Cluster, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
-#: End-to-end tests own this database (its queues are the public names heavy/light).
-E2E_REDIS_URL = os.environ.get("SCHEDPROJ_E2E_REDIS_URL", "redis://127.0.0.1:6379/15")
 PREFIX = "schedproj"
 KEYS = Keys(PREFIX)
 
 
 @pytest.fixture
-def r() -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(E2E_REDIS_URL, decode_responses=True)
-    try:
-        client.ping()
-    except redis.ConnectionError:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(f"no Redis at {E2E_REDIS_URL}")
-    client.flushdb()
-    yield client
-    client.close()
+def r(e2e_redis: redis.Redis) -> redis.Redis:
+    return e2e_redis
 
 
 def make_cluster(tmp_path: Path, scenario: str, **extra: str) -> Cluster:
