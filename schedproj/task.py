@@ -15,7 +15,9 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from billiard.exceptions import WorkerLostError
 from celery import Task
+from celery.exceptions import TimeLimitExceeded
 
 from schedproj.errors import StateError
 from schedproj.lanes import Lane, LaneKind
@@ -132,6 +134,28 @@ class LaneTask(Task):  # type: ignore[misc]
         if self.lane.kind is LaneKind.HEAVY:
             return self._run_heavy(rt, task_id, grant, args, kwargs)
         return self._run(rt, task_id, "", 0, None, args, kwargs)
+
+    def on_failure(self, exc: BaseException, task_id: str, args: Any, kwargs: Any,
+                   einfo: Any) -> None:
+        """Record runs that died where ``__call__`` could not: the hard time limit kills the
+        pool process, and Celery calls this in the worker's main process instead."""
+        if self.lane is None or not isinstance(exc, TimeLimitExceeded | WorkerLostError):
+            return
+        rt = runtime_for(self.app)
+        try:
+            before = rt.store.read_run(self.lane_name)
+        except StateError:
+            before = None
+        if before is not None and before.running_task_id != task_id:
+            return  # never started here (or already recorded): nothing to close
+        grant = (kwargs or {}).get(LEASE_KWARG)
+        token = grant.get("token", "") if isinstance(grant, dict) else ""
+        ctx = RunContext(lane=self.lane_name, task_id=task_id,
+                         started_at=(before.running_since if before else None) or time.time(),
+                         hold_cap_s=None, fence=before.fence if before else 0)
+        ctx.backlog = before.backlog if before else None
+        self._record(rt, ctx, before, Outcome.FAILED, f"{type(exc).__name__}: {exc}",
+                     str(token) if isinstance(token, str) else "")
 
     def _run_heavy(self, rt: Runtime, task_id: str, grant: Any, args: Any, kwargs: Any) -> Any:
         token = grant.get("token") if isinstance(grant, dict) else None

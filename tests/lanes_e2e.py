@@ -119,3 +119,16 @@ elif SCENARIO == "deadline":
                  lane=Lane(cadence_s=0.5, kind=LaneKind.LIGHT, order=20))
     def slowlight(self: LaneTask) -> None:
         sleeper(self, "e2e.slowlight", 1.5)
+
+elif SCENARIO == "hang":
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    @shared_task(base=LaneTask, bind=True, name="e2e.hang", time_limit=2.0, soft_time_limit=1.0,
+                 lane=Lane(cadence_s=3600, kind=LaneKind.HEAVY, order=10))
+    def hang(self: LaneTask) -> None:
+        start = time.time()
+        client().rpush(f"{PREFIX}:e2e:started", json.dumps({"start": start, "fence": self.fence}))
+        try:
+            time.sleep(30)
+        except SoftTimeLimitExceeded:
+            time.sleep(30)  # ignores the soft limit: only the hard limit stops it

@@ -233,3 +233,24 @@ def test_forged_or_missing_token_is_refused_and_lease_untouched(
     record = json.loads(r.hget(KEYS.lanes, "e2e.quick|run"))
     assert record["last_outcome"] == "skipped"
     assert record["runs"] == 0
+
+
+def test_hard_time_limit_releases_lease_and_records_failure(
+        r: redis.Redis, tmp_path: Path, cluster_factory: list[Cluster]) -> None:
+    """A run that ignores its soft limit is killed at the hard limit; the worker's main
+    process records the failure and releases the lease at once (not after its TTL)."""
+    c = make_cluster(tmp_path, "hang", SCHEDPROJ_LEASE_TTL_S="30")
+    cluster_factory.append(c)
+    c.worker("heavy1", "heavy")
+    c.beat("beat1")
+    wait_for(lambda: r.llen(f"{PREFIX}:e2e:started") >= 1, 20, "the hanging lane started")
+    started = time.time()
+    wait_for(lambda: not r.exists(KEYS.lease), 10, "the lease released after the hard limit")
+    assert time.time() - started < 10, "lease waited for its 30 s TTL instead"
+    record = json.loads(r.hget(KEYS.lanes, "e2e.hang|run"))
+    assert record["last_outcome"] == "failed"
+    # Billiard ends the pool process with SystemExit (recorded by the run itself); had it been
+    # killed outright, LaneTask.on_failure records TimeLimitExceeded from the main process.
+    assert any(k in record["last_reason"] for k in ("TimeLimitExceeded", "SystemExit"))
+    assert "Hard time limit" in c.procs[0].text()
+    assert record["failures"] == 1 and record["running_task_id"] is None
