@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from schedproj import defaults
 from schedproj.errors import ConfigurationError
 from schedproj.picker import Policy
+from schedproj.redis_conn import mask
 
 
 class Profile(StrEnum):
@@ -122,7 +123,10 @@ class Settings(BaseSettings):
             for err in exc.errors():
                 where = ".".join(str(p) for p in err["loc"]) or "settings"
                 env = f"SCHEDPROJ_{where.upper()}" if err["loc"] else where
-                problems.append(f"{env}: {err['msg']} (got {err.get('input')!r})")
+                got = err.get("input")
+                if isinstance(got, str) and "url" in where:
+                    got = mask(got)  # never echo a password
+                problems.append(f"{env}: {err['msg']} (got {got!r})")
             raise ConfigurationError(
                 "invalid schedproj settings:\n  " + "\n  ".join(problems)
             ) from None

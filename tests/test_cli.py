@@ -58,3 +58,15 @@ def test_up_runs_beat_and_one_worker_per_queue(e2e_redis: redis.Redis) -> None:
     lanes = {json.loads(x)["lane"] for x in e2e_redis.lrange("schedproj:e2e:runs", 0, -1)}
     assert lanes == {"e2e.quick", "e2e.slowlight"}, out.stdout[-3000:]
     assert "[beat ]" in out.stdout and "[heavy]" in out.stdout and "[light]" in out.stdout
+
+
+def test_settings_errors_never_print_a_password() -> None:
+    from schedproj.errors import ConfigurationError
+    from schedproj.redis_conn import mask
+    from schedproj.settings import Settings
+
+    assert mask("rediss://user:s3cret@host:6380/1") == "rediss://user:***@host:6380/1"
+    assert mask("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
+    with pytest.raises(ConfigurationError) as err:
+        Settings.load(broker_url="amqp://guest:s3cret@host//")
+    assert "SCHEDPROJ_REDIS_URL" in str(err.value) and "s3cret" not in str(err.value)
