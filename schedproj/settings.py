@@ -121,12 +121,17 @@ class Settings(BaseSettings):
         except ValidationError as exc:
             problems = []
             for err in exc.errors():
-                where = ".".join(str(p) for p in err["loc"]) or "settings"
-                env = f"SCHEDPROJ_{where.upper()}" if err["loc"] else where
+                message = str(err["msg"]).removeprefix("Value error, ")
+                if not err["loc"]:
+                    # A cross-field check: its message names the variable; the input is the
+                    # whole settings dict, which may hold credentials, so it is not echoed.
+                    problems.append(message)
+                    continue
+                where = ".".join(str(p) for p in err["loc"])
                 got = err.get("input")
                 if isinstance(got, str) and "url" in where:
                     got = mask(got)  # never echo a password
-                problems.append(f"{env}: {err['msg']} (got {got!r})")
+                problems.append(f"SCHEDPROJ_{where.upper()}: {message} (got {got!r})")
             raise ConfigurationError(
                 "invalid schedproj settings:\n  " + "\n  ".join(problems)
             ) from None
