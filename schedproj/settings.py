@@ -131,7 +131,8 @@ class Settings(BaseSettings):
                 got = err.get("input")
                 if isinstance(got, str) and "url" in where:
                     got = mask(got)  # never echo a password
-                problems.append(f"SCHEDPROJ_{where.upper()}: {message} (got {got!r})")
+                env = "CELERY_BROKER_URL" if where == "broker_url" else f"SCHEDPROJ_{where.upper()}"
+                problems.append(f"{env}: {message} (got {got!r})")
             raise ConfigurationError(
                 "invalid schedproj settings:\n  " + "\n  ".join(problems)
             ) from None
