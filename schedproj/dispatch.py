@@ -47,4 +47,9 @@ def sched_changes(
                     news.append(new)
         elif old.deferral is not None:
             changes[lane] = replace(old, deferral=None)
+    # Lanes outside this decision (paused, disabled by the profile) are not deferred now: end
+    # their streaks, so a lane resumed later does not inherit a stale start.
+    for lane, state in states.items():
+        if lane not in decision.views and state.sched.deferral is not None:
+            changes[lane] = replace(state.sched, deferral=None)
     return changes, news

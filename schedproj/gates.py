@@ -38,7 +38,7 @@ def evaluate(
             gate.max_defer_s is not None
             and current is not None
             and current.blocker == gate.blocker
-            and now - current.since >= gate.max_defer_s
+            and now - current.behind_blocker_since >= gate.max_defer_s
         ):
             expired.append(gate)
             continue

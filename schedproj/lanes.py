@@ -75,8 +75,15 @@ class Gate:
     max_defer_s: float | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "when", GateCondition(self.when))
-        object.__setattr__(self, "reason", DeferralReason(self.reason))
+        try:
+            object.__setattr__(self, "when", GateCondition(self.when))
+            object.__setattr__(self, "reason", DeferralReason(self.reason))
+        except ValueError as exc:
+            raise LaneDeclarationError(
+                f"gate on {self.blocker!r}", str(exc),
+                f"use when= one of {[c.value for c in GateCondition]} and reason= one of "
+                f"{[r.value for r in DeferralReason]}",
+            ) from None
 
 
 #: A cheap hook the scheduler calls each tick: returns the lane's current backlog (0 = none).
@@ -92,7 +99,7 @@ class Lane:
     backlog (reported by its last run or by ``due_check``) but is ranked with its cadence.
     """
 
-    cadence_s: float
+    cadence_s: float | None = None
     kind: LaneKind = LaneKind.HEAVY
     priority0: bool = False
     deployment: DeploymentClass = DeploymentClass.SHARED
@@ -117,7 +124,18 @@ class Lane:
 
     def check(self, lane: str) -> None:
         """Reject declarations that cannot be scheduled, naming the lane and the fix."""
+        self._check_cadence(lane)
+        self._check_options(lane)
+        for gate in self.gates:
+            self._check_gate(lane, gate)
+
+    def _check_cadence(self, lane: str) -> None:
         cadence: Any = self.cadence_s
+        if cadence is None:
+            raise LaneDeclarationError(
+                lane, "cadence_s is missing",
+                "pass cadence_s=<seconds>, e.g. cadence_s=600 for ten minutes",
+            )
         if isinstance(cadence, bool) or not isinstance(cadence, int | float):
             raise LaneDeclarationError(
                 lane, f"cadence_s must be a number of seconds, got {cadence!r}",
@@ -128,6 +146,8 @@ class Lane:
                 lane, f"cadence_s must be a positive finite number, got {cadence!r}",
                 "pass cadence_s=<seconds> greater than 0",
             )
+
+    def _check_options(self, lane: str) -> None:
         if self.priority0 and self.kind is LaneKind.LIGHT:
             raise LaneDeclarationError(
                 lane, "priority0 is set on a light lane",
@@ -142,20 +162,22 @@ class Lane:
             raise LaneDeclarationError(
                 lane, "due_check is not callable", "pass a function returning the backlog"
             )
-        for gate in self.gates:
-            if not isinstance(gate, Gate):
-                raise LaneDeclarationError(
-                    lane, f"gate {gate!r} is not a schedproj.Gate", "use Gate(blocker=...)"
-                )
-            if gate.blocker == lane:
-                raise LaneDeclarationError(
-                    lane, "a gate names the lane itself", "remove the self-referencing gate"
-                )
-            if gate.max_defer_s is not None and not gate.max_defer_s > 0:
-                raise LaneDeclarationError(
-                    lane, f"gate on {gate.blocker!r} has max_defer_s={gate.max_defer_s!r}",
-                    "pass a positive number of seconds or None",
-                )
+
+    @staticmethod
+    def _check_gate(lane: str, gate: Any) -> None:
+        if not isinstance(gate, Gate):
+            raise LaneDeclarationError(
+                lane, f"gate {gate!r} is not a schedproj.Gate", "use Gate(blocker=...)"
+            )
+        if gate.blocker == lane:
+            raise LaneDeclarationError(
+                lane, "a gate names the lane itself", "remove the self-referencing gate"
+            )
+        if gate.max_defer_s is not None and not gate.max_defer_s > 0:
+            raise LaneDeclarationError(
+                lane, f"gate on {gate.blocker!r} has max_defer_s={gate.max_defer_s!r}",
+                "pass a positive number of seconds or None",
+            )
 
 
 @dataclass(frozen=True)

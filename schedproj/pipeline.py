@@ -76,8 +76,14 @@ def decide(
 
     def defer(name: str, reason: DeferralReason, blocker: str | None) -> None:
         previous = sched(name).deferral
-        since = previous.since if previous is not None else now
-        deferred.append(Deferral(lane=name, reason=reason, blocker=blocker, since=since))
+        if previous is None:
+            deferred.append(Deferral(lane=name, reason=reason, blocker=blocker, since=now))
+            return
+        # The streak start never slides; a new blocker starts its own clock within it, so a
+        # gate's max_defer_s counts only the time that blocker has deferred the lane.
+        blocker_since = previous.blocker_since if previous.blocker == blocker else now
+        deferred.append(Deferral(lane=name, reason=reason, blocker=blocker,
+                                 since=previous.since, blocker_since=blocker_since))
 
     survivors: list[LaneView] = []
     expired: list[tuple[str, Gate]] = []

@@ -73,7 +73,7 @@ def build_lane_set(tasks: Mapping[str, Any], routed_queue: Any = None) -> LaneSe
         _check_queue(name, task_name, lane, task, routed_queue)
         options[name] = lane
         specs.append(LaneSpec(
-            name=name, task_name=task_name, kind=lane.kind, cadence_s=float(lane.cadence_s),
+            name=name, task_name=task_name, kind=lane.kind, cadence_s=float(lane.cadence_s or 0),
             priority0=lane.priority0, deployment=lane.deployment, gates=lane.gates,
             order=defaults.DEFAULT_LANE_ORDER if lane.order is None else lane.order,
             backlog_driven=lane.backlog_driven,

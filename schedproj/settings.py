@@ -6,6 +6,9 @@ the broker, which keeps Celery's usual ``CELERY_BROKER_URL``.
 
 from __future__ import annotations
 
+import difflib
+import logging
+import os
 from enum import StrEnum
 from typing import Any
 
@@ -16,6 +19,8 @@ from schedproj import defaults
 from schedproj.errors import ConfigurationError
 from schedproj.picker import Policy
 from schedproj.redis_conn import mask
+
+logger = logging.getLogger(__name__)
 
 
 class Profile(StrEnum):
@@ -116,6 +121,12 @@ class Settings(BaseSettings):
     @classmethod
     def load(cls, **overrides: Any) -> Settings:
         """Build settings from the environment, turning validation errors into clear ones."""
+        unknown = sorted(set(overrides) - set(cls.model_fields))
+        if unknown:
+            raise ConfigurationError(
+                f"unknown schedproj settings {unknown}; known: {sorted(cls.model_fields)}"
+            )
+        _warn_unknown_env()
         try:
             return cls(**overrides)
         except ValidationError as exc:
@@ -136,3 +147,18 @@ class Settings(BaseSettings):
             raise ConfigurationError(
                 "invalid schedproj settings:\n  " + "\n  ".join(problems)
             ) from None
+
+
+#: Variables with the prefix that are not settings: read by the start scripts, not by Python.
+NON_SETTING_ENV = frozenset({"SCHEDPROJ_APP"})
+
+
+def _warn_unknown_env() -> None:
+    """A misspelled variable would silently keep its default: say so, with a suggestion."""
+    known = {f"SCHEDPROJ_{name.upper()}" for name in Settings.model_fields} | NON_SETTING_ENV
+    for name in sorted(os.environ):
+        if not name.startswith("SCHEDPROJ_") or name in known:
+            continue
+        close = difflib.get_close_matches(name, sorted(known), n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        logger.warning("ignoring unknown setting %s%s", name, hint)

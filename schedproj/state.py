@@ -52,12 +52,19 @@ class RunRecord:
 @dataclass(frozen=True)
 class Deferral:
     """A lane deferred by a gate or by the lease. ``since`` marks the streak start and never
-    slides while the lane stays deferred."""
+    slides while the lane stays deferred; ``blocker_since`` is when the current blocker took
+    over within the streak (None: from the start)."""
 
     lane: str
     reason: DeferralReason
     blocker: str | None
     since: float
+    blocker_since: float | None = None
+
+    @property
+    def behind_blocker_since(self) -> float:
+        """How long the current blocker has deferred the lane counts from here."""
+        return self.since if self.blocker_since is None else self.blocker_since
 
 
 @dataclass(frozen=True)

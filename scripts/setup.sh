@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prepare a fresh machine: a virtualenv with schedproj and its test tools, and a Redis server
-# answering on SCHEDPROJ_SETUP_REDIS_HOST:PORT (started here only if nothing answers there).
+# answering on SETUP_REDIS_HOST:PORT (started here only if nothing answers there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,8 +11,8 @@ fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -U pip
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"
 
-HOST=${SCHEDPROJ_SETUP_REDIS_HOST:-127.0.0.1}
-PORT=${SCHEDPROJ_SETUP_REDIS_PORT:-6379}
+HOST=${SETUP_REDIS_HOST:-127.0.0.1}
+PORT=${SETUP_REDIS_PORT:-6379}
 redis_up() {
   .venv/bin/python - "$HOST" "$PORT" <<'PY'
 import sys, redis

@@ -14,10 +14,10 @@ import pytest
 import redis
 
 #: Integration tests share this database and keep apart by key prefix (no FLUSHDB).
-REDIS_URL = os.environ.get("SCHEDPROJ_TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
+REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
 #: End-to-end tests own this database (its queues carry the public names heavy/light) and
 #: flush it before each test.
-E2E_REDIS_URL = os.environ.get("SCHEDPROJ_E2E_REDIS_URL", "redis://127.0.0.1:6379/15")
+E2E_REDIS_URL = os.environ.get("TEST_E2E_REDIS_URL", "redis://127.0.0.1:6379/15")
 
 
 def _redis_or_skip(url: str) -> redis.Redis:

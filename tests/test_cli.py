@@ -70,3 +70,13 @@ def test_settings_errors_never_print_a_password() -> None:
     with pytest.raises(ConfigurationError) as err:
         Settings.load(broker_url="amqp://guest:s3cret@host//")
     assert "SCHEDPROJ_REDIS_URL" in str(err.value) and "s3cret" not in str(err.value)
+
+
+def test_unknown_settings_are_named() -> None:
+    from schedproj.errors import ConfigurationError
+    from schedproj.settings import Settings
+
+    with pytest.raises(ConfigurationError, match="hold_cap"):
+        Settings.load(hold_cap=5)
+    out = run("lanes", "--lanes", "tests.lanes_e2e", env={"SCHEDPROJ_HOLD_CAP": "5"})
+    assert "SCHEDPROJ_HOLD_CAP" in out.stderr and "SCHEDPROJ_HOLD_CAP_S" in out.stderr
