@@ -121,7 +121,8 @@ class Settings(BaseSettings):
     @classmethod
     def load(cls, **overrides: Any) -> Settings:
         """Build settings from the environment, turning validation errors into clear ones."""
-        unknown = sorted(set(overrides) - set(cls.model_fields))
+        aliases = {"CELERY_BROKER_URL", "SCHEDPROJ_BROKER_URL"}
+        unknown = sorted(set(overrides) - set(cls.model_fields) - aliases)
         if unknown:
             raise ConfigurationError(
                 f"unknown schedproj settings {unknown}; known: {sorted(cls.model_fields)}"
