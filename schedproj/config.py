@@ -93,7 +93,7 @@ def lane_set_for(app: Celery) -> LaneSet:
         name = getattr(queue, "name", queue)
         return None if name is None else str(name)
 
-    lanes = build_lane_set(tasks, routed)
+    lanes = build_lane_set(tasks, routed, settings.cadence_scale)
     for task_name, task, lane in lane_tasks(tasks):
         _apply_time_limits(task_name, task, lane.kind, settings)
     app.schedproj_lanes = lanes

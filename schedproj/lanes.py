@@ -107,6 +107,8 @@ class Lane:
     order: int | None = None
     backlog_driven: bool = False
     due_check: DueCheck | None = field(default=None, compare=False)
+    retry_after_failure_s: float | None = None
+    retry_window_s: float | None = None
     name: str | None = None
 
     def __post_init__(self) -> None:
@@ -147,7 +149,19 @@ class Lane:
                 "pass cadence_s=<seconds> greater than 0",
             )
 
+    def _check_retry(self, lane: str) -> None:
+        after, window = self.retry_after_failure_s, self.retry_window_s
+        if after is None and window is None:
+            return
+        if after is None or window is None or not (0 < after <= window):
+            raise LaneDeclarationError(
+                lane, f"retry_after_failure_s={after!r} and retry_window_s={window!r} do not "
+                "fit together", "set both, with 0 < retry_after_failure_s <= retry_window_s "
+                "(e.g. 900 and 3600: retry 15 min after a failure, for up to an hour)",
+            )
+
     def _check_options(self, lane: str) -> None:
+        self._check_retry(lane)
         if self.priority0 and self.kind is LaneKind.LIGHT:
             raise LaneDeclarationError(
                 lane, "priority0 is set on a light lane",
@@ -193,6 +207,8 @@ class LaneSpec:
     gates: tuple[Gate, ...] = ()
     order: int = 1000
     backlog_driven: bool = False
+    retry_after_failure_s: float | None = None
+    retry_window_s: float | None = None
 
     @property
     def heavy(self) -> bool:

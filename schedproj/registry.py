@@ -6,7 +6,7 @@ There is no second list of lanes: a task with a ``lane=Lane(...)`` option is a l
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from schedproj import defaults
@@ -52,11 +52,14 @@ def lane_tasks(tasks: Mapping[str, Any]) -> list[tuple[str, Any, Lane]]:
     return found
 
 
-def build_lane_set(tasks: Mapping[str, Any], routed_queue: Any = None) -> LaneSet:
+def build_lane_set(tasks: Mapping[str, Any], routed_queue: Any = None,
+                   cadence_scale: float = 1.0) -> LaneSet:
     """Validate every lane and the relations between them.
 
     ``routed_queue(task_name) -> str | None`` tells which queue the app's routing would send a
-    task to, so a heavy lane routed elsewhere is caught at start.
+    task to, so a heavy lane routed elsewhere is caught at start. ``cadence_scale`` multiplies
+    every duration a lane declares (cadence, retry delays, gate bounds): demos and tests run
+    real lane sets in seconds instead of hours.
     """
     specs: list[LaneSpec] = []
     options: dict[str, Lane] = {}
@@ -72,14 +75,26 @@ def build_lane_set(tasks: Mapping[str, Any], routed_queue: Any = None) -> LaneSe
         owners[name] = task_name
         _check_queue(name, task_name, lane, task, routed_queue)
         options[name] = lane
-        specs.append(LaneSpec(
-            name=name, task_name=task_name, kind=lane.kind, cadence_s=float(lane.cadence_s or 0),
-            priority0=lane.priority0, deployment=lane.deployment, gates=lane.gates,
-            order=defaults.DEFAULT_LANE_ORDER if lane.order is None else lane.order,
-            backlog_driven=lane.backlog_driven,
-        ))
+        specs.append(_spec(name, task_name, lane, cadence_scale))
     _check_gates(specs)
     return LaneSet(specs=tuple(sorted(specs, key=lambda s: s.sort_key)), options=options)
+
+
+def _scaled(value: float | None, scale: float) -> float | None:
+    return None if value is None else float(value) * scale
+
+
+def _spec(name: str, task_name: str, lane: Lane, scale: float) -> LaneSpec:
+    gates = tuple(replace(g, max_defer_s=_scaled(g.max_defer_s, scale)) for g in lane.gates)
+    return LaneSpec(
+        name=name, task_name=task_name, kind=lane.kind,
+        cadence_s=float(lane.cadence_s or 0) * scale,
+        priority0=lane.priority0, deployment=lane.deployment, gates=gates,
+        order=defaults.DEFAULT_LANE_ORDER if lane.order is None else lane.order,
+        backlog_driven=lane.backlog_driven,
+        retry_after_failure_s=_scaled(lane.retry_after_failure_s, scale),
+        retry_window_s=_scaled(lane.retry_window_s, scale),
+    )
 
 
 def _check_queue(name: str, task_name: str, lane: Lane, task: Any, routed_queue: Any) -> None:

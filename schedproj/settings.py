@@ -57,6 +57,10 @@ class Settings(BaseSettings):
         default="",
         description="Comma-separated modules that declare lanes, imported by schedproj.app.",
     )
+    cadence_scale: float = Field(
+        default=1.0, gt=0,
+        description="Multiplies every lane duration (cadence, retry, gate bound); for demos.",
+    )
     lease_ttl_s: float = Field(default=defaults.LEASE_TTL_S, gt=0)
     start_deadline_s: float = Field(default=defaults.START_DEADLINE_S, gt=0)
     hold_cap_s: float = Field(default=defaults.HOLD_CAP_S, gt=0)

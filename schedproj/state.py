@@ -47,6 +47,7 @@ class RunRecord:
     running_since: float | None = None
     running_until: float | None = None
     fence: int = 0
+    failing_since: float | None = None
 
 
 @dataclass(frozen=True)

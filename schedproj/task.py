@@ -226,8 +226,11 @@ class LaneTask(Task):  # type: ignore[misc]
                 outcome: Outcome, reason: str | None, token: str) -> None:
         writable = before is not None
         before = before or RunRecord()
+        now = time.time()
+        failed = outcome is Outcome.FAILED
         record = RunRecord(
-            last_run_at=time.time(), last_outcome=outcome, last_reason=reason,
+            last_run_at=now, last_outcome=outcome, last_reason=reason,
+            failing_since=(before.failing_since or now) if failed else None,
             last_task_id=ctx.task_id, backlog=ctx.backlog or 0, runs=before.runs + 1,
             failures=before.failures + (outcome is Outcome.FAILED), fence=ctx.fence,
         )

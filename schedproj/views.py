@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from schedproj.lanes import LaneSpec
-from schedproj.state import LaneState, LeaseView
+from schedproj.state import LaneState, LeaseView, Outcome
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,18 @@ def staleness_ratio(last_run_at: float | None, cadence_s: float, now: float) -> 
     return max(0.0, now - last_run_at) / cadence_s
 
 
+def retry_due(spec: LaneSpec, state: LaneState, now: float) -> bool:
+    """A failed run is retried ``retry_after_failure_s`` later, while the failure streak is
+    younger than ``retry_window_s`` (the original backup: after 15 min, within 1 h)."""
+    run = state.run
+    if (spec.retry_after_failure_s is None or spec.retry_window_s is None
+            or run.last_outcome is not Outcome.FAILED or run.last_run_at is None):
+        return False
+    streak_start = run.failing_since if run.failing_since is not None else run.last_run_at
+    return (now - run.last_run_at >= spec.retry_after_failure_s
+            and now - streak_start <= spec.retry_window_s)
+
+
 def is_in_flight(state: LaneState, now: float) -> bool:
     """A dispatched message not yet finished, within its start deadline or its run's bound."""
     task_id = state.sched.inflight_task_id
@@ -61,7 +73,9 @@ def view_lane(
     ratio = staleness_ratio(state.run.last_run_at, spec.cadence_s, now)
     backlog = probed_backlog if probed_backlog is not None else state.run.backlog
     never_run = state.run.last_run_at is None
-    if spec.backlog_driven:
+    if retry_due(spec, state, now):
+        due = True
+    elif spec.backlog_driven:
         # Ranked with its cadence, but due only while behind (a first run measures it).
         due = backlog > 0 or (never_run and probed_backlog is None)
     else:
