@@ -27,11 +27,14 @@ def evaluate(
     views: Mapping[str, LaneView],
     current: Deferral | None,
     now: float,
+    legacy: bool = False,
 ) -> tuple[Gate | None, tuple[Gate, ...]]:
     """Return the first gate that defers ``lane`` now (or None) and the gates that would have
     deferred it but whose streak already lasted ``max_defer_s`` (so they let it go)."""
     expired: list[Gate] = []
     for gate in lane.spec.gates:
+        if legacy and not gate.in_legacy:
+            continue
         if not blocks(gate, views.get(gate.blocker)):
             continue
         if (

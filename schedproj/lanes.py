@@ -67,12 +67,16 @@ class Gate:
 
     ``max_defer_s`` bounds how long one streak may defer: past it the gate lets the lane go (and
     the decision says so), so a blocker that never drains cannot deadlock the chain.
+    ``in_legacy`` says whether the legacy registry pipeline (``Policy.REGISTRY``, kept only to
+    show the starvation ADR 0022 fixed) applied this gate too; gates ADR 0022 introduced
+    leave it False.
     """
 
     blocker: str
     when: GateCondition = GateCondition.DUE_AND_BEHIND
     reason: DeferralReason = DeferralReason.DEPENDENCY
     max_defer_s: float | None = None
+    in_legacy: bool = False
 
     def __post_init__(self) -> None:
         try:

@@ -5,7 +5,8 @@ Stages, in order (as in the original orchestrator):
 1. drop lanes disabled by the deployment profile, paused, or whose state is unreadable;
 2. drop lanes not due or already running / in flight;
 3. defer heavy candidates while the lease is held;
-4. apply soft gates (deferral only, with reason codes);
+4. apply soft gates (deferral only, with reason codes; the legacy registry policy applies only
+   the gates the legacy system had);
 5. pick the heavy winner; the other due heavy lanes are deferred behind it;
 6. every surviving light lane is dispatched in the same tick (``also_dispatched``).
 """
@@ -91,7 +92,8 @@ def decide(
         if view.spec.heavy and lease is not None:
             defer(view.name, DeferralReason.LEASE_HELD, lease.lane)
             continue
-        gate, lapsed = gates.evaluate(view, views, sched(view.name).deferral, now)
+        gate, lapsed = gates.evaluate(view, views, sched(view.name).deferral, now,
+                                      legacy=policy is Policy.REGISTRY)
         expired.extend((view.name, g) for g in lapsed)
         if gate is not None:
             defer(view.name, gate.reason, gate.blocker)
