@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import click
@@ -12,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from schedproj.errors import SchedprojError
+from schedproj.picker import Policy
 
 DEFAULT_APP = "schedproj.app"
 
@@ -90,9 +93,68 @@ def up(app_name: str, lanes: str | None, light_concurrency: int, loglevel: str,
         raise click.ClickException(str(exc)) from None
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
-    code = run_all(layout(app_name, light_concurrency=light_concurrency, loglevel=loglevel),
-                   env, duration_s=duration_s)
+    specs = layout(app_name, light_concurrency=light_concurrency, loglevel=loglevel)
+    with _redis_for(env) as url:
+        if url is not None:
+            env["CELERY_BROKER_URL"] = env["SCHEDPROJ_REDIS_URL"] = url
+        code = run_all(specs, env, duration_s=duration_s)
     sys.exit(code)
+
+
+@contextlib.contextmanager
+def _redis_for(env: dict[str, str]) -> Iterator[str | None]:
+    """None when a Redis is configured or answers at the default; else a private one's URL."""
+    from schedproj import embedded
+    from schedproj.settings import Settings
+
+    if env.get("CELERY_BROKER_URL") or env.get("SCHEDPROJ_REDIS_URL"):
+        yield None
+        return
+    default = str(Settings.model_fields["broker_url"].default)
+    if embedded.answers(default):
+        yield None
+        return
+    click.echo(f"schedproj: nothing answers at {default}; starting a private Redis", err=True)
+    with embedded.private_redis() as url:
+        yield url
+
+
+@main.command()
+@click.option("--policy", type=click.Choice([p.value for p in Policy]), default="staleness",
+              show_default=True, help="'registry' runs the legacy picker, to compare.")
+@click.option("--scale", type=click.FloatRange(min=1e-5), default=0.005, show_default=True,
+              help="Multiplies the REM cadences (0.005: ten minutes become 3 s).")
+@click.option("--budget", "budget_s", type=click.FloatRange(min=1), default=300.0,
+              show_default=True, help="Give up after this many seconds.")
+@click.option("--hold-cap", "hold_cap_s", type=click.FloatRange(min=0.1), default=3.0,
+              show_default=True, help="Heavy hold cap for the demo (seconds).")
+@click.option("--latency", "latency_s", type=click.FloatRange(min=0), default=0.01,
+              show_default=True, help="Simulated model latency per summarizer call (s).")
+@click.option("--long-sessions", type=click.IntRange(min=0), default=24, show_default=True)
+@click.option("--short-sessions", type=click.IntRange(min=0), default=150, show_default=True)
+@click.option("--redis-url", help="Use this Redis (default: CELERY_BROKER_URL, a local one, "
+              "or a private one started for the demo).")
+@click.option("--default-url", default="redis://127.0.0.1:6379/0", hidden=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def demo(policy: str, scale: float, budget_s: float, hold_cap_s: float, latency_s: float,
+         long_sessions: int, short_sessions: int, redis_url: str | None, default_url: str,
+         as_json: bool) -> None:
+    """Seed the original's forensic backlog and watch the REM chain drain to idle."""
+    from schedproj.demo import DemoOptions, render_report, run_demo
+
+    opts = DemoOptions(scale=scale, policy=Policy(policy), budget_s=budget_s,
+                       hold_cap_s=hold_cap_s, latency_s=latency_s, long_sessions=long_sessions,
+                       short_sessions=short_sessions, redis_url=redis_url,
+                       default_url=default_url, live=not as_json)
+    try:
+        report = run_demo(opts)
+    except SchedprojError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        render_report(report, sys.stdout)
+    sys.exit(1 if report["died"] else 0)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Run beat and one worker per queue as child processes: the everyday local layout.
 
-Used by ``schedproj up``. Children run the public commands, so what works here works under a
-process supervisor or compose too.
+Used by ``schedproj up`` and ``schedproj demo``. Children run the public commands, so what
+works here works under a process supervisor or compose too.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO
 
 from schedproj import defaults
@@ -44,31 +44,57 @@ def _pump(label: str, stream: IO[bytes], out: IO[str]) -> None:
         out.flush()
 
 
+@dataclass
+class ProcessGroup:
+    """Child processes started together, their output relayed with a label, stopped together."""
+
+    specs: list[ProcessSpec]
+    env: Mapping[str, str]
+    out: IO[str] = field(default_factory=lambda: sys.stdout)
+    children: list[tuple[ProcessSpec, subprocess.Popen[bytes]]] = field(default_factory=list)
+
+    def start(self) -> None:
+        for spec in self.specs:
+            popen = subprocess.Popen(spec.argv, env=dict(self.env), stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+            assert popen.stdout is not None
+            threading.Thread(target=_pump, args=(spec.label, popen.stdout, self.out),
+                             daemon=True).start()
+            self.children.append((spec, popen))
+
+    def dead(self) -> list[tuple[str, int]]:
+        """(label, exit code) of every child that has exited."""
+        return [(s.label, p.returncode) for s, p in self.children if p.poll() is not None]
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        for _, popen in self.children:
+            if popen.poll() is None:
+                os.killpg(popen.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for _, popen in self.children:
+            try:
+                popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(popen.pid, signal.SIGKILL)
+                popen.wait()
+
+
 def run_all(specs: list[ProcessSpec], env: Mapping[str, str], *,
             duration_s: float | None = None, out: IO[str] = sys.stdout) -> int:
-    """Start every process, relay their output with a label, stop them all together.
-
-    Returns 0 after ``duration_s`` or Ctrl-C, or 1 if a process died on its own.
-    """
-    children: list[tuple[ProcessSpec, subprocess.Popen[bytes]]] = []
+    """Start every process and wait: 0 after ``duration_s`` or Ctrl-C/SIGTERM, 1 if a process
+    died on its own (the others are stopped too)."""
+    group = ProcessGroup(specs, env, out)
     stop = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     code = 0
     try:
-        for spec in specs:
-            popen = subprocess.Popen(spec.argv, env=dict(env), stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
-            assert popen.stdout is not None
-            threading.Thread(target=_pump, args=(spec.label, popen.stdout, out),
-                             daemon=True).start()
-            children.append((spec, popen))
+        group.start()
         deadline = None if duration_s is None else time.monotonic() + duration_s
         while not stop.is_set():
-            dead = [(s, p) for s, p in children if p.poll() is not None]
+            dead = group.dead()
             if dead:
-                for s, p in dead:
-                    out.write(f"schedproj up: {s.label} exited with code {p.returncode}; "
-                              "stopping the others\n")
+                for label, rc in dead:
+                    out.write(f"schedproj: {label} exited with code {rc}; stopping the others\n")
                 code = 1
                 break
             if deadline is not None and time.monotonic() >= deadline:
@@ -78,18 +104,5 @@ def run_all(specs: list[ProcessSpec], env: Mapping[str, str], *,
         pass
     finally:
         signal.signal(signal.SIGTERM, previous)
-        _stop(children)
+        group.stop()
     return code
-
-
-def _stop(children: list[tuple[ProcessSpec, subprocess.Popen[bytes]]]) -> None:
-    for _, popen in children:
-        if popen.poll() is None:
-            os.killpg(popen.pid, signal.SIGTERM)
-    deadline = time.monotonic() + 15
-    for _, popen in children:
-        try:
-            popen.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            os.killpg(popen.pid, signal.SIGKILL)
-            popen.wait()

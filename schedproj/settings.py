@@ -61,6 +61,20 @@ class Settings(BaseSettings):
         default=1.0, gt=0,
         description="Multiplies every lane duration (cadence, retry, gate bound); for demos.",
     )
+    rem_window_words: int = Field(
+        default=1000, gt=0,
+        description="Model context window (words): longer sessions need per-turn backfill.",
+    )
+    rem_batch: int = Field(default=50, gt=0, description="Items per REM lane batch.")
+    rem_summarizer: str | None = Field(
+        default=None,
+        description="'module:factory' of your summarizer; default: local extractive.",
+    )
+    rem_summarizer_latency_s: float = Field(
+        default=0.0, ge=0, description="Simulated model latency per summarizer call (demo)."
+    )
+    rem_backup_dir: str = Field(default="backups", min_length=1)
+    rem_backup_keep: int = Field(default=7, gt=0)
     lease_ttl_s: float = Field(default=defaults.LEASE_TTL_S, gt=0)
     start_deadline_s: float = Field(default=defaults.START_DEADLINE_S, gt=0)
     hold_cap_s: float = Field(default=defaults.HOLD_CAP_S, gt=0)

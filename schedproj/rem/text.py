@@ -11,18 +11,23 @@ from collections import Counter
 
 #: Small, fixed English stop-word list. Fixed (not from a library) so results never change when
 #: a dependency updates its list.
-STOP_WORDS: frozenset[str] = frozenset("""
-a about above after again against all also am an and any are as at be because been before
-being below between both but by can could did do does doing done down during each else even
-ever every few for from further get gets got had has have having he her here hers herself him
-himself his how however i if in into is it its itself just least less let like made make many
-may me might more most much must my myself no nor not now of off often on once one only or
-other others our ours ourselves out over own per perhaps quite rather really same say says
-see seen she should since so some still such than that the their theirs them themselves then
-there these they this those though through thus to too under until up upon us very via was we
-well were what when where whether which while who whom whose why will with within without
-would yet you your yours yourself yourselves
-""".split())
+STOP_WORDS: frozenset[str] = frozenset({
+    "a", "about", "above", "after", "again", "against", "all", "also", "am", "an", "and", "any",
+    "are", "as", "at", "be", "because", "been", "before", "being", "below", "between", "both",
+    "but", "by", "can", "could", "did", "do", "does", "doing", "done", "down", "during", "each",
+    "else", "even", "ever", "every", "few", "for", "from", "further", "get", "gets", "got", "had",
+    "has", "have", "having", "he", "her", "here", "hers", "herself", "him", "himself", "his",
+    "how", "however", "i", "if", "in", "into", "is", "it", "its", "itself", "just", "least",
+    "less", "let", "like", "made", "make", "many", "may", "me", "might", "more", "most", "much",
+    "must", "my", "myself", "no", "nor", "not", "now", "of", "off", "often", "on", "once", "one",
+    "only", "or", "other", "others", "our", "ours", "ourselves", "out", "over", "own", "per",
+    "perhaps", "quite", "rather", "really", "same", "say", "says", "see", "seen", "she", "should",
+    "since", "so", "some", "still", "such", "than", "that", "the", "their", "theirs", "them",
+    "themselves", "then", "there", "these", "they", "this", "those", "though", "through", "thus",
+    "to", "too", "under", "until", "up", "upon", "us", "very", "via", "was", "we", "well", "were",
+    "what", "when", "where", "whether", "which", "while", "who", "whom", "whose", "why", "will",
+    "with", "within", "without", "would", "yet", "you", "your", "yours", "yourself", "yourselves",
+})
 
 #: Content words are at least this long: shorter tokens are mostly noise ("ok", "id").
 MIN_WORD_LEN = 3

@@ -1,0 +1,144 @@
+"""The REM chain as real lanes (DESIGN.md sections 4 and 5): the reference lane set.
+
+``SCHEDPROJ_LANE_MODULES=schedproj.rem.lanes``. Cadences are the original's; gates are ADR
+0022's (backfill -> summary, new) and the original's (dream -> golden-path).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from celery import current_app, shared_task
+
+from schedproj.lanes import DeferralReason, DeploymentClass, Gate, GateCondition, Lane, LaneKind
+from schedproj.rem import work
+from schedproj.rem.backup import snapshot
+from schedproj.rem.store import MemoryStore
+from schedproj.rem.summarizer import Summarizer, load_summarizer
+from schedproj.runtime import runtime_for
+from schedproj.task import LaneTask
+
+MIN, HOUR = 60.0, 3600.0
+#: The original's cadences (seconds), before SCHEDPROJ_CADENCE_SCALE.
+CADENCES_S = {
+    "backup": 24 * HOUR,
+    "memory-summary-backfill": 10 * MIN,  # backlog-driven, ranked with the summary cadence
+    "summary": 10 * MIN,
+    "dream": HOUR,
+    "golden-path": HOUR,
+    "swarm-heartbeat": 20 * MIN,
+}
+LANE_NAMES = tuple(CADENCES_S)
+#: A backfill run that makes no progress backs off this long (before scaling).
+BACKFILL_BACKOFF_S = 10 * MIN
+#: The backfill -> summary gate lets summary go after deferring it this long (before scaling),
+#: so a backfill that can never drain cannot hold the chain.
+SUMMARY_GATE_MAX_DEFER_S = 30 * MIN
+
+
+def rem_store(app: Any) -> MemoryStore:
+    rt = runtime_for(app)
+    return MemoryStore(rt.store.client, rt.keys.prefix, rt.settings.rem_window_words)
+
+
+@cache
+def _summarizer(spec: str | None, latency_s: float) -> Summarizer:
+    return load_summarizer(spec, latency_s)
+
+
+def summarizer_for(app: Any) -> Summarizer:
+    s = runtime_for(app).settings
+    return _summarizer(s.rem_summarizer, s.rem_summarizer_latency_s)
+
+
+# -- due checks: cheap reads beat makes each tick ---------------------------------------------
+def backfill_pending() -> int:
+    store = rem_store(current_app)
+    until = store.client.get(store.keys.backfill_backoff_until)
+    if until is not None and float(until) > time.time():
+        return 0  # backing off after a run that made no progress
+    return store.backfill_backlog()
+
+
+def summary_pending() -> int:
+    return len(rem_store(current_app).unsummarized())
+
+
+def dream_pending() -> int:
+    return rem_store(current_app).undigested_count()
+
+
+def golden_path_pending() -> int:
+    store = rem_store(current_app)
+    return int(store.golden_path_version() != store.graph_version())
+
+
+# -- the lanes ----------------------------------------------------------------------------------
+@shared_task(base=LaneTask, bind=True, name="schedproj.rem.backup", lane=Lane(
+    name="backup", cadence_s=CADENCES_S["backup"], kind=LaneKind.HEAVY, priority0=True,
+    order=0, retry_after_failure_s=15 * MIN, retry_window_s=HOUR))
+def backup(self: LaneTask) -> str:
+    s = runtime_for(self.app).settings
+    path = snapshot(rem_store(self.app), Path(s.rem_backup_dir), fence=self.fence,
+                    keep=s.rem_backup_keep)
+    return str(path)
+
+
+@shared_task(base=LaneTask, bind=True, name="schedproj.rem.summary", lane=Lane(
+    name="summary", cadence_s=CADENCES_S["summary"], kind=LaneKind.HEAVY, order=10,
+    due_check=summary_pending,
+    gates=(Gate("memory-summary-backfill", GateCondition.DUE_AND_BEHIND,
+                DeferralReason.DEPENDENCY, max_defer_s=SUMMARY_GATE_MAX_DEFER_S),)))
+def summary(self: LaneTask) -> dict[str, int]:
+    s = runtime_for(self.app).settings
+    progress = work.summarize(rem_store(self.app), summarizer_for(self.app), batch=s.rem_batch,
+                              fence=self.fence, should_yield=self.should_yield)
+    self.report_backlog(progress.backlog)
+    return {"done": progress.done, "skipped": progress.skipped, "backlog": progress.backlog}
+
+
+@shared_task(base=LaneTask, bind=True, name="schedproj.rem.dream", lane=Lane(
+    name="dream", cadence_s=CADENCES_S["dream"], kind=LaneKind.HEAVY, order=20,
+    due_check=dream_pending))
+def dream(self: LaneTask) -> dict[str, int]:
+    s = runtime_for(self.app).settings
+    progress = work.dream(rem_store(self.app), batch=s.rem_batch, fence=self.fence,
+                          should_yield=self.should_yield)
+    self.report_backlog(progress.backlog)
+    return {"done": progress.done, "backlog": progress.backlog}
+
+
+@shared_task(base=LaneTask, bind=True, name="schedproj.rem.memory_summary_backfill", lane=Lane(
+    name="memory-summary-backfill", cadence_s=CADENCES_S["memory-summary-backfill"],
+    kind=LaneKind.HEAVY, order=30, backlog_driven=True, due_check=backfill_pending))
+def memory_summary_backfill(self: LaneTask) -> dict[str, int]:
+    s = runtime_for(self.app).settings
+    progress = work.backfill(rem_store(self.app), summarizer_for(self.app), batch=s.rem_batch,
+                             fence=self.fence, should_yield=self.should_yield)
+    if progress.done == 0 and progress.backlog > 0:
+        backoff_s = BACKFILL_BACKOFF_S * s.cadence_scale
+        store = rem_store(self.app)
+        store.client.set(store.keys.backfill_backoff_until, repr(time.time() + backoff_s))
+    self.report_backlog(progress.backlog)
+    return {"done": progress.done, "backlog": progress.backlog}
+
+
+@shared_task(base=LaneTask, bind=True, name="schedproj.rem.golden_path", lane=Lane(
+    name="golden-path", cadence_s=CADENCES_S["golden-path"], kind=LaneKind.LIGHT, order=40,
+    due_check=golden_path_pending,
+    gates=(Gate("dream", GateCondition.DUE_OR_RUNNING, DeferralReason.GOLDEN_PATH_DEPENDENCY,
+                in_legacy=True),)))
+def golden_path(self: LaneTask) -> int:
+    return len(work.golden_path(rem_store(self.app)))
+
+
+@shared_task(base=LaneTask, bind=True, name="schedproj.rem.swarm_heartbeat", lane=Lane(
+    name="swarm-heartbeat", cadence_s=CADENCES_S["swarm-heartbeat"], kind=LaneKind.LIGHT,
+    deployment=DeploymentClass.LOCAL_ONLY, order=50))
+def swarm_heartbeat(self: LaneTask) -> None:
+    work.heartbeat(rem_store(self.app), host=socket.gethostname(), pid=os.getpid())
