@@ -132,3 +132,18 @@ elif SCENARIO == "hang":
             time.sleep(30)
         except SoftTimeLimitExceeded:
             time.sleep(30)  # ignores the soft limit: only the hard limit stops it
+
+elif SCENARIO == "gate":
+    from schedproj import DeferralReason, Gate, GateCondition
+
+    @shared_task(base=LaneTask, bind=True, name="e2e.producer",
+                 lane=Lane(cadence_s=2.5, kind=LaneKind.HEAVY, order=10))
+    def producer(self: LaneTask) -> None:
+        sleeper(self, "e2e.producer", 1.0)
+
+    @shared_task(base=LaneTask, bind=True, name="e2e.consumer",
+                 lane=Lane(cadence_s=5, kind=LaneKind.LIGHT, order=20,
+                           gates=(Gate("e2e.producer", GateCondition.DUE_OR_RUNNING,
+                                       DeferralReason.GOLDEN_PATH_DEPENDENCY),)))
+    def consumer(self: LaneTask) -> None:
+        sleeper(self, "e2e.consumer", 0.01)

@@ -254,3 +254,28 @@ def test_hard_time_limit_releases_lease_and_records_failure(
     assert any(k in record["last_reason"] for k in ("TimeLimitExceeded", "SystemExit"))
     assert "Hard time limit" in c.procs[0].text()
     assert record["failures"] == 1 and record["running_task_id"] is None
+
+
+def test_gated_lane_runs_right_after_its_blocker_finishes(
+        r: redis.Redis, tmp_path: Path, cluster_factory: list[Cluster]) -> None:
+    """The consumer is due from the start but deferred while the producer is due or running;
+    the producer's finish wakes beat, which dispatches the consumer at once (well inside one
+    0.5 s loop interval)."""
+    c = make_cluster(tmp_path, "gate")
+    cluster_factory.append(c)
+    c.worker("heavy1", "heavy")
+    c.worker("light1", "light")
+    beat = c.beat("beat1")
+    wait_for(lambda: sum(x["lane"] == "e2e.consumer" for x in runs(r)) >= 2, 30,
+             "two consumer runs")
+    producer = [x for x in runs(r) if x["lane"] == "e2e.producer"]
+    consumer = sorted((x for x in runs(r) if x["lane"] == "e2e.consumer"),
+                      key=lambda x: x["start"])
+    first = consumer[0]
+    blocker = next(p for p in producer if p["end"] <= first["start"])
+    assert first["start"] - blocker["end"] < 0.3, (blocker, first)
+    for p in producer:
+        assert not any(p["start"] < x["start"] < p["end"] for x in consumer), \
+            "the consumer ran while its blocker was running"
+    assert ("lane e2e.consumer deferred: golden-path-dependency-backpressure "
+            "(blocker e2e.producer)") in beat.text()
