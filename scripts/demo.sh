@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The main job: set up, then run beat + one worker per queue on the example lanes for a while.
-# Pass your own options through, e.g. `scripts/demo.sh --for 300`.
+# The main job: set up, then `schedproj demo` — the original's forensic backlog drained to
+# idle by real beat and worker processes. Options pass through, e.g.
+# `scripts/demo.sh --policy registry` or `scripts/demo.sh --json`. Uses the Redis at
+# CELERY_BROKER_URL, else a local one (database 11), else a private one it starts itself.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/schedproj up --lanes schedproj.examples --for "${DEMO_SECONDS:-45}" "$@"
+exec .venv/bin/schedproj demo "$@"

@@ -3,7 +3,7 @@
 # the long runs marked `slow`; run those with `scripts/test.sh -m slow`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh --start-redis
 .venv/bin/ruff check schedproj tests
 .venv/bin/mypy
 exec .venv/bin/python -m pytest -m "not slow" "$@"
