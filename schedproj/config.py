@@ -16,6 +16,7 @@ from schedproj import defaults
 from schedproj.errors import ConfigurationError, SchedprojError
 from schedproj.lanes import LaneKind
 from schedproj.registry import LaneSet, build_lane_set, lane_tasks, queue_for
+from schedproj.sentry_setup import init_sentry
 from schedproj.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -142,4 +143,15 @@ def _check_worker(sender: Any = None, **kwargs: Any) -> None:
         logger.warning("this worker consumes queue %r with concurrency %s; use -c 1 (the lease "
                        "keeps heavy runs exclusive anyway, extra slots only sit idle)",
                        defaults.HEAVY_QUEUE, concurrency)
+    init_sentry(app.schedproj_settings, "worker")
     logger.info("schedproj worker: %d lanes (%s)", len(lanes.specs), ", ".join(lanes.names))
+
+
+@signals.worker_process_init.connect  # type: ignore[untyped-decorator]
+def _init_pool_process(sender: Any = None, **kwargs: Any) -> None:
+    """Prefork children run the lanes: each initialises sentry-sdk for itself."""
+    from celery import current_app
+
+    settings = getattr(current_app, "schedproj_settings", None)
+    if settings is not None:
+        init_sentry(settings, "worker")

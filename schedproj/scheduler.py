@@ -26,6 +26,7 @@ from schedproj.errors import SchedprojError
 from schedproj.pipeline import Decision, decide, seconds_until_next_due
 from schedproj.registry import LaneSet, queue_for
 from schedproj.runtime import Runtime, settings_for
+from schedproj.sentry_setup import init_sentry
 from schedproj.state import Deferral
 from schedproj.store import Snapshot
 from schedproj.task import LEASE_KWARG
@@ -55,6 +56,7 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         self.settings = settings_for(self.app)
         self.lanes = validate_or_exit(self.app, "beat")
         self.rt = Runtime.build(self.settings)
+        init_sentry(self.settings, "beat")
         self.max_interval = self.settings.beat_max_loop_interval_s
         self.data = {
             spec.name: ScheduleEntry(

@@ -75,6 +75,29 @@ class Settings(BaseSettings):
     )
     rem_backup_dir: str = Field(default="backups", min_length=1)
     rem_backup_keep: int = Field(default=7, gt=0)
+    sentry_dsn: str | None = Field(
+        default=None, validation_alias=AliasChoices("SENTRY_DSN", "SCHEDPROJ_SENTRY_DSN"),
+        description="Turns sentry-sdk on in beat and every worker.",
+    )
+    sentry_environment: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("SENTRY_ENVIRONMENT", "SCHEDPROJ_SENTRY_ENVIRONMENT"),
+    )
+    sentry_release: str | None = Field(
+        default=None, validation_alias=AliasChoices("SENTRY_RELEASE", "SCHEDPROJ_SENTRY_RELEASE"),
+    )
+    sentry_beat_monitoring: bool = Field(
+        default=True, description="A Sentry Crons check-in per lane dispatch and run."
+    )
+    sentry_send_default_pii: bool = False
+    metrics_port: int | None = Field(
+        default=None, ge=0, le=65535, description="Beat serves Prometheus metrics here."
+    )
+    metrics_host: str = Field(default="127.0.0.1", description="Bind address for metrics.")
+    starvation_threshold_s: float = Field(
+        default=3600.0, gt=0,
+        description="A due heavy lane waiting longer than this degrades the watchdog posture.",
+    )
     lease_ttl_s: float = Field(default=defaults.LEASE_TTL_S, gt=0)
     start_deadline_s: float = Field(default=defaults.START_DEADLINE_S, gt=0)
     hold_cap_s: float = Field(default=defaults.HOLD_CAP_S, gt=0)
@@ -139,7 +162,8 @@ class Settings(BaseSettings):
     @classmethod
     def load(cls, **overrides: Any) -> Settings:
         """Build settings from the environment, turning validation errors into clear ones."""
-        aliases = {"CELERY_BROKER_URL", "SCHEDPROJ_BROKER_URL"}
+        aliases = {"CELERY_BROKER_URL", "SCHEDPROJ_BROKER_URL", "SENTRY_DSN",
+                   "SENTRY_ENVIRONMENT", "SENTRY_RELEASE"}
         unknown = sorted(set(overrides) - set(cls.model_fields) - aliases)
         if unknown:
             raise ConfigurationError(
