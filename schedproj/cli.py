@@ -157,5 +157,142 @@ def demo(policy: str, scale: float, budget_s: float, hold_cap_s: float, latency_
     sys.exit(1 if report["died"] else 0)
 
 
+def _state_handles() -> tuple[Any, Any, Any]:
+    """(settings, Redis client, keys) from the environment; no app code needed."""
+    from schedproj.keys import Keys
+    from schedproj.redis_conn import connect
+    from schedproj.settings import Settings
+
+    try:
+        settings = Settings.load()
+    except SchedprojError as exc:
+        raise click.ClickException(str(exc)) from None
+    return settings, connect(settings.state_redis_url), Keys(settings.key_prefix)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+@click.option("--watch", "watch_s", type=click.FloatRange(min=0.2), default=None,
+              help="Refresh every N seconds until Ctrl-C.")
+def status(as_json: bool, watch_s: float | None) -> None:
+    """Lanes, lease, deferral chain, watchdog and active beat — read from Redis only."""
+    import redis as redis_lib
+    from rich.live import Live
+
+    from schedproj.observe import observe
+    from schedproj.redis_conn import mask
+    from schedproj.status import as_json as status_json
+    from schedproj.status import render
+
+    settings, client, keys = _state_handles()
+
+    def snapshot() -> Any:
+        try:
+            obs = observe(client, keys)
+        except redis_lib.RedisError as exc:
+            raise click.ClickException(
+                f"cannot read {mask(settings.state_redis_url)}: {exc}") from None
+        return obs, obs.health(starvation_threshold_s=settings.starvation_threshold_s,
+                               hold_cap_s=settings.hold_cap_s, profile=settings.profile)
+
+    if as_json:
+        obs, health = snapshot()
+        click.echo(json.dumps(status_json(obs, health), indent=2, default=str))
+        return
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    if watch_s is None:
+        console.print(render(*snapshot()))
+        return
+    import time
+
+    with Live(render(*snapshot()), console=console, refresh_per_second=4) as live:
+        try:
+            while True:
+                time.sleep(watch_s)
+                live.update(render(*snapshot()))
+        except KeyboardInterrupt:
+            pass
+
+
+def _known_lane(client: Any, keys: Any, lane: str) -> None:
+    from schedproj.registry import specs_from_registry
+
+    raw = client.get(keys.registry)
+    if raw is None:
+        return  # no beat yet: cannot check, accept
+    specs, _ = specs_from_registry(raw, keys.registry)
+    names = sorted(s.name for s in specs)
+    if lane not in names:
+        raise click.ClickException(f"no lane {lane!r}; the lanes are: {', '.join(names)}")
+
+
+@main.command()
+@click.argument("lane")
+def pause(lane: str) -> None:
+    """Stop dispatching LANE until resumed (a run in progress finishes)."""
+    _, client, keys = _state_handles()
+    _known_lane(client, keys, lane)
+    client.sadd(keys.paused, lane)
+    click.echo(f"paused {lane}")
+
+
+@main.command()
+@click.argument("lane")
+def resume(lane: str) -> None:
+    """Dispatch LANE again when it is due."""
+    _, client, keys = _state_handles()
+    removed = client.srem(keys.paused, lane)
+    click.echo(f"resumed {lane}" if removed else f"{lane} was not paused")
+
+
+@main.command(name="run")
+@click.argument("lane")
+def run_now(lane: str) -> None:
+    """Make LANE due now; beat dispatches it when it wins (a heavy lane still needs the
+    lease)."""
+    _, client, keys = _state_handles()
+    _known_lane(client, keys, lane)
+    client.sadd(keys.run_now, lane)
+    click.echo(f"{lane} will run at the next tick it can (heavy lanes wait for the lease)")
+
+
+@main.command(name="clear-lease")
+@click.option("-A", "--app", "app_name", default=DEFAULT_APP, show_default=True,
+              help="Celery app used to ask the workers whether the holder still runs.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1), default=3.0,
+              show_default=True, help="How long to wait for workers' replies.")
+def clear_lease(app_name: str, timeout_s: float) -> None:
+    """Free the heavy lease, only when its holder is provably gone: no worker reports its
+    task as active or reserved. A live holder is never cut off."""
+    from schedproj.lease import HeavyLease
+
+    settings, client, keys = _state_handles()
+    lease = HeavyLease(client, keys)
+    current = lease.read()
+    if current is None:
+        click.echo("the lease is free")
+        return
+    app = _load_app(app_name, None)
+    inspect = app.control.inspect(timeout=timeout_s)
+    replies = [inspect.active() or {}, inspect.reserved() or {}]
+    if not any(replies):
+        raise click.ClickException(
+            "no worker answered; cannot prove the holder is gone. The lease frees itself "
+            f"within {settings.lease_ttl_s:g}s of its holder dying; retry once workers answer")
+    for reply in replies:
+        for worker, tasks in reply.items():
+            if any(t.get("id") == current.task_id for t in tasks):
+                raise click.ClickException(
+                    f"worker {worker} is running the holder ({current.lane}, task "
+                    f"{current.task_id}); not clearing. Stop it first: celery -A {app_name} "
+                    f"control revoke --terminate {current.task_id}")
+    if lease.release(current.token):
+        client.lpush(keys.wake, "clear-lease")
+        click.echo(f"cleared the lease held by {current.lane} (fence {current.fence}); its "
+                   "late writes are refused by the fencing number")
+    else:
+        click.echo("the lease changed meanwhile; nothing cleared")
+
+
 if __name__ == "__main__":
     main()

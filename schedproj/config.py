@@ -32,9 +32,15 @@ def route_lane(name: str, args: Any, kwargs: Any, options: Any, task: Any = None
     return None
 
 
-def configure_app(app: Celery, settings: Settings | None = None) -> Celery:
-    """Apply schedproj's settings to ``app`` and validate its lanes when it finalizes."""
+def configure_app(app: Celery, settings: Settings | None = None, *,
+                  watchdog: bool = False) -> Celery:
+    """Apply schedproj's settings to ``app``; with ``watchdog``, declare the starvation
+    watchdog lane on it too."""
     settings = settings or Settings.load()
+    if watchdog:
+        from schedproj.watchdog import register
+
+        register(app)
     app.schedproj_settings = settings
     routes = app.conf.task_routes
     routes = list(routes) if isinstance(routes, list | tuple) else ([routes] if routes else [])
@@ -69,7 +75,8 @@ def create_app(settings: Settings | None = None) -> Celery:
     """The ``schedproj.app`` Celery app: lanes come from ``SCHEDPROJ_LANE_MODULES``."""
     settings = settings or Settings.load()
     app = Celery("schedproj", include=settings.lane_module_list)
-    return configure_app(app, settings)
+    # The starvation watchdog always runs alongside the user's lanes.
+    return configure_app(app, settings, watchdog=True)
 
 
 def lane_set_for(app: Celery) -> LaneSet:

@@ -42,6 +42,36 @@ class Keys:
         return f"{self.prefix}:wake"
 
     @property
+    def beat_info(self) -> str:
+        """Hash: who the active beat is (token, host, pid, since), for operators."""
+        return f"{self.prefix}:beat:info"
+
+    @property
+    def registry(self) -> str:
+        """String (JSON): the lanes beat schedules, so status works without the app's code."""
+        return f"{self.prefix}:registry"
+
+    @property
+    def paused(self) -> str:
+        """Set: lanes an operator paused (never dispatched until resumed)."""
+        return f"{self.prefix}:paused"
+
+    @property
+    def run_now(self) -> str:
+        """Set: lanes an operator asked to run now (due at once; still through the lease)."""
+        return f"{self.prefix}:run-now"
+
+    @property
+    def watchdog(self) -> str:
+        """String (JSON): the starvation watchdog's posture and alarm latch."""
+        return f"{self.prefix}:watchdog"
+
+    @property
+    def counters(self) -> str:
+        """Hash: durable event counters (``deferrals|<reason>``, ``yields|<lane>``, ...)."""
+        return f"{self.prefix}:counters"
+
+    @property
     def errors(self) -> str:
         """Hash: lane -> last scheduling error (due-check raised, malformed state)."""
         return f"{self.prefix}:errors"

@@ -54,19 +54,22 @@ def decide(
     *,
     probes: Mapping[str, int] | None = None,
     unreadable: Collection[str] = (),
+    paused: Collection[str] = (),
+    forced: Collection[str] = (),
     policy: Policy = Policy.STALENESS,
 ) -> Decision:
     """Decide one tick. Neither argument is mutated; the result does not depend on the order
-    in which ``lanes`` are given."""
+    in which ``lanes`` are given. ``paused`` lanes are left out; ``forced`` lanes (an
+    operator's "run now") are due whatever their cadence, and still need the lease."""
     empty = SchedRecord()
     specs = tuple(sorted(
         (s for s in lanes
          if enabled_under(profile, s.deployment)
-         and s.name not in unreadable
+         and s.name not in unreadable and s.name not in paused
          and not states.get(s.name, LaneState()).sched.paused),
         key=lambda s: s.sort_key,
     ))
-    views = view_all(specs, states, lease, now, probes or {})
+    views = view_all(specs, states, lease, now, probes or {}, forced)
     candidates = [v for v in views.values() if v.due and not v.in_flight]
 
     def sched(name: str) -> SchedRecord:

@@ -5,13 +5,14 @@ There is no second list of lanes: a task with a ``lane=Lane(...)`` option is a l
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from schedproj import defaults
-from schedproj.errors import LaneDeclarationError
-from schedproj.lanes import Lane, LaneKind, LaneSpec
+from schedproj.errors import LaneDeclarationError, StateError
+from schedproj.lanes import DeploymentClass, Gate, Lane, LaneKind, LaneSpec
 
 
 @dataclass(frozen=True)
@@ -153,3 +154,36 @@ def _find_cycle(edges: Mapping[str, list[str]]) -> list[str] | None:
             if found:
                 return found
     return None
+
+
+REGISTRY_VERSION = 1
+
+
+def registry_json(lanes: LaneSet, settings: Any) -> str:
+    """The lane set as beat publishes it to Redis (versioned), for tools without the code."""
+    return json.dumps({
+        "v": REGISTRY_VERSION,
+        "profile": settings.profile.value,
+        "hold_cap_s": settings.hold_cap_s,
+        "starvation_threshold_s": settings.starvation_threshold_s,
+        "lanes": [{**asdict(s), "gates": [asdict(g) for g in s.gates]} for s in lanes.specs],
+    })
+
+
+def specs_from_registry(raw: str, key: str) -> tuple[tuple[LaneSpec, ...], dict[str, Any]]:
+    """Parse what :func:`registry_json` wrote: (lane specs, the settings it carried)."""
+    try:
+        data = json.loads(raw)
+        if data.get("v") != REGISTRY_VERSION:
+            raise StateError(key, f"format version {data.get('v')!r}, this schedproj reads "
+                                  f"version {REGISTRY_VERSION}")
+        specs = tuple(
+            LaneSpec(**{**lane, "kind": LaneKind(lane["kind"]),
+                        "deployment": DeploymentClass(lane["deployment"]),
+                        "gates": tuple(Gate(**g) for g in lane["gates"])})
+            for lane in data["lanes"])
+    except StateError:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise StateError(key, f"unreadable lane registry ({exc})") from None
+    return specs, {k: v for k, v in data.items() if k not in ("v", "lanes")}

@@ -10,6 +10,8 @@ the wake list until a run finishes or the next lane falls due.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import time
 import uuid
 from datetime import timedelta
@@ -19,12 +21,12 @@ import redis
 from celery.beat import ScheduleEntry, Scheduler
 from celery.schedules import schedule as every
 
-from schedproj import defaults
+from schedproj import defaults, metrics
 from schedproj.config import lane_set_for, validate_or_exit
 from schedproj.dispatch import Send, sched_changes
 from schedproj.errors import SchedprojError
 from schedproj.pipeline import Decision, decide, seconds_until_next_due
-from schedproj.registry import LaneSet, queue_for
+from schedproj.registry import LaneSet, queue_for, registry_json
 from schedproj.runtime import Runtime, settings_for
 from schedproj.sentry_setup import init_sentry
 from schedproj.state import Deferral
@@ -57,6 +59,7 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         self.lanes = validate_or_exit(self.app, "beat")
         self.rt = Runtime.build(self.settings)
         init_sentry(self.settings, "beat")
+        metrics.serve(self.rt.store.client, self.rt.keys, self.settings, self.lanes.specs)
         self.max_interval = self.settings.beat_max_loop_interval_s
         self.data = {
             spec.name: ScheduleEntry(
@@ -134,9 +137,11 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
             self.active = True
             logger.info("beat %s: active (beat lock %s, fence %d)", self.token[:8],
                         snap.lock.event, snap.lock.fence)
+            self._announce(now)
         probes, unreadable = self._probe(snap)
         decision = decide(self.lanes.specs, snap.states, snap.lease, now, s.profile,
-                          probes=probes, unreadable=unreadable, policy=s.policy)
+                          probes=probes, unreadable=unreadable, paused=snap.paused,
+                          forced=snap.forced, policy=s.policy)
         if not self._dispatch(decision, snap, now):
             return 0.0
         wait = seconds_until_next_due(decision.views, snap.states, now)
@@ -146,6 +151,17 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
             s.beat_max_loop_interval_s, wait)
         self.rt.store.wait_for_wake(interval)
         return 0.0
+
+    def _announce(self, now: float) -> None:
+        """Say who the active beat is and which lanes it schedules, for `schedproj status`."""
+        assert self.rt is not None and self.lanes is not None
+        pipe = self.rt.store.client.pipeline(transaction=False)
+        pipe.delete(self.rt.keys.beat_info)
+        pipe.hset(self.rt.keys.beat_info, mapping={
+            "token": self.token, "host": socket.gethostname(), "pid": str(os.getpid()),
+            "since": repr(now)})
+        pipe.set(self.rt.keys.registry, registry_json(self.lanes, self.settings))
+        pipe.execute()
 
     def _probe(self, snap: Snapshot) -> tuple[dict[str, int], set[str]]:
         """Call the lanes' due-check hooks; a hook that raises is recorded, the tick goes on."""
@@ -198,9 +214,12 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
             self._go_standby("beat lock lost before recording the dispatch")
             return False
         self._log_deferrals(news, decision)
+        for deferral in news:
+            self.rt.store.count(f"deferrals|{deferral.reason.value}")
         for lane, send in sends.items():
             kwargs = grant_kwargs if lane == decision.winner else {}
             self._send(lane, send, kwargs, lease_token if lane == decision.winner else "")
+        self.rt.store.done_forcing([lane for lane in sends if lane in snap.forced])
         return True
 
     def _send(self, lane: str, send: Send, kwargs: dict[str, Any], lease_token: str) -> None:

@@ -38,6 +38,8 @@ class Snapshot:
     states: Mapping[str, LaneState]
     lease: LeaseView | None
     errors: Mapping[str, str] = field(default_factory=dict)
+    paused: frozenset[str] = frozenset()
+    forced: frozenset[str] = frozenset()
 
 
 def parse_states(raw: Mapping[str, str], hash_key: str) -> tuple[dict[str, LaneState],
@@ -81,11 +83,12 @@ class LaneStore:
     def snapshot(self, beat_token: str, lock_ttl_s: float) -> Snapshot:
         """Renew (or try to take) the beat lock and read all state: one round trip."""
         try:
-            lock_reply, raw_states, raw_lease = self._snapshot_pipeline(beat_token, lock_ttl_s)
+            replies = self._snapshot_pipeline(beat_token, lock_ttl_s)
         except redis.exceptions.NoScriptError:
             # First use on this server (or after SCRIPT FLUSH / a restart): load, then retry.
             self.client.script_load(self._lock.script)
-            lock_reply, raw_states, raw_lease = self._snapshot_pipeline(beat_token, lock_ttl_s)
+            replies = self._snapshot_pipeline(beat_token, lock_ttl_s)
+        lock_reply, raw_states, raw_lease, paused, forced = replies
         ok, value, event = lock_reply
         lock = (LockStatus(held=True, fence=int(value), event=str(event)) if int(ok) == 1
                 else LockStatus(held=False, holder=str(value), event=str(event)))
@@ -95,7 +98,8 @@ class LaneStore:
         except StateError as exc:
             errors["<lease>"] = str(exc)
             lease = UNREADABLE_LEASE
-        return Snapshot(lock=lock, states=states, lease=lease, errors=errors)
+        return Snapshot(lock=lock, states=states, lease=lease, errors=errors,
+                        paused=frozenset(paused), forced=frozenset(forced))
 
     def _snapshot_pipeline(self, beat_token: str, lock_ttl_s: float) -> list[Any]:
         # EVALSHA directly: a pipeline holding a registered Script first sends its own
@@ -105,6 +109,8 @@ class LaneStore:
                      beat_token, int(lock_ttl_s * 1000))
         pipe.hgetall(self.keys.lanes)
         pipe.get(self.keys.lease)
+        pipe.smembers(self.keys.paused)
+        pipe.smembers(self.keys.run_now)
         return pipe.execute()
 
     def unlock(self, beat_token: str) -> bool:
@@ -166,7 +172,18 @@ class LaneStore:
         return woke is not None
 
     def record_error(self, lane: str, message: str) -> None:
-        self.client.hset(self.keys.errors, lane, message)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hset(self.keys.errors, lane, message)
+        pipe.hincrby(self.keys.counters, f"errors|{lane}", 1)
+        pipe.execute()
+
+    def count(self, name: str, amount: int = 1) -> None:
+        """Bump a durable counter (exported by beat's metrics)."""
+        self.client.hincrby(self.keys.counters, name, amount)
+
+    def done_forcing(self, lanes: list[str]) -> None:
+        if lanes:
+            self.client.srem(self.keys.run_now, *lanes)
 
     def clear_errors(self, lanes: list[str]) -> None:
         if lanes:

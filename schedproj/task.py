@@ -169,6 +169,7 @@ class LaneTask(Task):  # type: ignore[misc]
     def _skip(self, rt: Runtime, task_id: str, reason: str) -> dict[str, Any]:
         logger.warning("lane %s: skipped task %s (%s); nothing ran", self.lane_name, task_id,
                        reason)
+        rt.store.count(f"skips|{self.lane_name}")
         try:
             before = rt.store.read_run(self.lane_name)
         except StateError:
@@ -251,4 +252,6 @@ class LaneTask(Task):  # type: ignore[misc]
         elif written < 0:
             logger.error("lane %s: outcome %s not recorded: the stored run record is unreadable "
                          "and was left untouched", ctx.lane, outcome.value)
+        if outcome is Outcome.YIELDED:
+            rt.store.count(f"yields|{ctx.lane}")
         logger.info("lane %s: %s (backlog %s)", ctx.lane, outcome.value, record.backlog)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from schedproj.lanes import LaneSpec
@@ -68,12 +68,13 @@ def view_lane(
     lease: LeaseView | None,
     now: float,
     probed_backlog: int | None = None,
+    forced: bool = False,
 ) -> LaneView:
     """Compute the view of one lane. ``probed_backlog`` comes from the lane's due-check hook."""
     ratio = staleness_ratio(state.run.last_run_at, spec.cadence_s, now)
     backlog = probed_backlog if probed_backlog is not None else state.run.backlog
     never_run = state.run.last_run_at is None
-    if retry_due(spec, state, now):
+    if forced or retry_due(spec, state, now):
         due = True
     elif spec.backlog_driven:
         # Ranked with its cadence, but due only while behind (a first run measures it).
@@ -102,9 +103,11 @@ def view_all(
     lease: LeaseView | None,
     now: float,
     probes: Mapping[str, int],
+    forced: Collection[str] = (),
 ) -> dict[str, LaneView]:
     empty = LaneState()
     return {
-        s.name: view_lane(s, states.get(s.name, empty), lease, now, probes.get(s.name))
+        s.name: view_lane(s, states.get(s.name, empty), lease, now, probes.get(s.name),
+                          s.name in forced)
         for s in specs
     }

@@ -31,7 +31,7 @@ def test_lanes_json_lists_declared_lanes_in_declared_order() -> None:
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert [lane["lane"] for lane in data["lanes"]] == ["e2e.backlog", "e2e.starved",
-                                                         "e2e.light"]
+                                                         "e2e.light", "starvation-watchdog"]
     assert {lane["queue"] for lane in data["lanes"]} == {"heavy", "light"}
 
 
