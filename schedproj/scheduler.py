@@ -149,6 +149,8 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         # hooks and backlog are re-polled then); a finishing run wakes us earlier.
         interval = s.beat_max_loop_interval_s if wait is None else min(
             s.beat_max_loop_interval_s, wait)
+        if not s.wake_on_release:
+            return interval  # Celery's loop sleeps; only the next poll sees a finished run
         self.rt.store.wait_for_wake(interval)
         return 0.0
 

@@ -104,6 +104,11 @@ class Settings(BaseSettings):
     max_hold_s: float = Field(default=defaults.MAX_HOLD_S, gt=0)
     beat_lock_ttl_s: float = Field(default=defaults.BEAT_LOCK_TTL_S, gt=0)
     beat_max_loop_interval_s: float = Field(default=defaults.BEAT_MAX_LOOP_INTERVAL_S, gt=0)
+    wake_on_release: bool = Field(
+        default=True,
+        description="Beat blocks on the wake list so a finishing run is followed at once; "
+        "off, it only polls (kept for the hand-off benchmark).",
+    )
     heavy_time_limit_s: float = Field(default=defaults.HEAVY_TIME_LIMIT_S, gt=0)
     light_time_limit_s: float = Field(default=defaults.LIGHT_TIME_LIMIT_S, gt=0)
     visibility_timeout_s: float = Field(default=defaults.VISIBILITY_TIMEOUT_S, gt=0)
