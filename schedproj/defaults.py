@@ -44,3 +44,6 @@ LIGHT_TIME_LIMIT_S = 15 * 60.0
 
 #: Format version written into every JSON value schedproj stores in Redis.
 STATE_VERSION = 1
+
+#: Entries kept in the run journal and the dispatch log (each a Redis list, oldest dropped).
+AUDIT_LOG_LEN = 20_000

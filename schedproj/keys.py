@@ -72,6 +72,16 @@ class Keys:
         return f"{self.prefix}:counters"
 
     @property
+    def journal(self) -> str:
+        """List (JSON): run starts and ends with their fencing numbers, for the audit."""
+        return f"{self.prefix}:journal"
+
+    @property
+    def dispatch_log(self) -> str:
+        """List (JSON): every message beat sent (lane, task id, fence), for the audit."""
+        return f"{self.prefix}:dispatch-log"
+
+    @property
     def errors(self) -> str:
         """Hash: lane -> last scheduling error (due-check raised, malformed state)."""
         return f"{self.prefix}:errors"

@@ -49,8 +49,9 @@ class HeavyLease:
         """Grant the lease to ``lane`` unless held; with ``beat_token`` only for the active
         beat."""
         code, value = self._acquire(
-            keys=[self.keys.lease, self.keys.lease_fence, self.keys.beat_lock],
-            args=[token, lane, _ms(ttl_s), repr(now), task_id, beat_token],
+            keys=[self.keys.lease, self.keys.lease_fence, self.keys.beat_lock,
+                  self.keys.counters],
+            args=[token, lane, _ms(ttl_s), repr(now), task_id, beat_token, int(now * 1000)],
         )
         if int(code) == 1:
             return Grant(granted=True, fence=int(value))

@@ -67,10 +67,9 @@ def observe(client: redis.Redis, keys: Keys, specs: tuple[LaneSpec, ...] | None 
     pipe.get(keys.beat_lock)
     pipe.get(keys.watchdog)
     pipe.hgetall(keys.counters)
-    pipe.get(keys.lease_fence)
     pipe.smembers(keys.paused)
     (raw_registry, raw_lanes, raw_lease, raw_errors, beat, lock, raw_watchdog, counters,
-     fence, paused) = pipe.execute()
+     paused) = pipe.execute()
     problems: list[str] = []
     registry: dict[str, Any] = {}
     if specs is None:
@@ -102,6 +101,7 @@ def observe(client: redis.Redis, keys: Keys, specs: tuple[LaneSpec, ...] | None 
         now=time.time() if now is None else now, specs=tuple(specs), registry=registry,
         states=states, lease=lease, errors=errors, beat=beat,
         beat_lock_held=lock is not None and lock == beat.get("token"),
-        watchdog=watchdog, counters={k: int(v) for k, v in counters.items()},
-        lease_acquisitions=int(fence or 0), problems=problems,
+        watchdog=watchdog,
+        counters={k: int(v) for k, v in counters.items() if k != "lease_acquisitions"},
+        lease_acquisitions=int(counters.get("lease_acquisitions", 0)), problems=problems,
     )

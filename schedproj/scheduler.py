@@ -236,6 +236,9 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         self._send_failures.discard(lane)
         self.apply_entry(entry, producer=self.producer)
         if lane not in self._send_failures:
+            self.rt.store.log(self.rt.keys.dispatch_log, {
+                "lane": lane, "task": send.task_id, "t": time.time(), "beat": self.token[:8],
+                "fence": kwargs.get(LEASE_KWARG, {}).get("fence", 0)})
             return
         # The message never left: undo the grant so nothing waits for it.
         logger.error("lane %s: send failed; lease released and lane left due", lane)

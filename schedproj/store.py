@@ -6,13 +6,14 @@ workers write only ``<lane>|run`` fields, atomically with the lease release.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import redis
 
-from schedproj import scripts
+from schedproj import defaults, scripts
 from schedproj.errors import StateError
 from schedproj.keys import Keys, run_field, sched_field
 from schedproj.lease import parse_lease
@@ -175,6 +176,13 @@ class LaneStore:
         pipe = self.client.pipeline(transaction=False)
         pipe.hset(self.keys.errors, lane, message)
         pipe.hincrby(self.keys.counters, f"errors|{lane}", 1)
+        pipe.execute()
+
+    def log(self, key: str, entry: Mapping[str, Any]) -> None:
+        """Append to a bounded audit list (the journal or the dispatch log)."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.rpush(key, json.dumps(entry, separators=(",", ":")))
+        pipe.ltrim(key, -defaults.AUDIT_LOG_LEN, -1)
         pipe.execute()
 
     def count(self, name: str, amount: int = 1) -> None:

@@ -188,6 +188,7 @@ class LaneTask(Task):  # type: ignore[misc]
         ctx = RunContext(lane=name, task_id=task_id, started_at=started, hold_cap_s=hold_cap_s,
                          fence=fence)
         before = self._mark_running(rt, ctx, heavy=bool(token))
+        self._journal(rt, ctx, "start")
         renewer = LeaseRenewer(rt, token, ctx) if token else None
         if renewer is not None:
             renewer.start()
@@ -206,6 +207,14 @@ class LaneTask(Task):  # type: ignore[misc]
                 outcome, reason = Outcome.YIELDED, ctx.lost_reason or "hold-cap"
             self._record(rt, ctx, before, outcome, reason, token)
         return result
+
+    def _journal(self, rt: Runtime, ctx: RunContext, event: str, **extra: Any) -> None:
+        """Starts and ends with their fence, kept in Redis past this process (the audit)."""
+        try:
+            rt.store.log(rt.keys.journal, {"ev": event, "lane": ctx.lane, "task": ctx.task_id,
+                                           "fence": ctx.fence, "t": time.time(), **extra})
+        except Exception:
+            logger.warning("lane %s: could not journal %s", ctx.lane, event, exc_info=True)
 
     def _mark_running(self, rt: Runtime, ctx: RunContext, *, heavy: bool) -> RunRecord | None:
         """Record that the run started; None if the stored record is unreadable (then it is
@@ -235,6 +244,8 @@ class LaneTask(Task):  # type: ignore[misc]
             last_task_id=ctx.task_id, backlog=ctx.backlog or 0, runs=before.runs + 1,
             failures=before.failures + (outcome is Outcome.FAILED), fence=ctx.fence,
         )
+        self._journal(rt, ctx, "end", outcome=outcome.value,
+                      lost=(ctx.lost.is_set() and ctx.lost_reason) or None)
         try:
             released, written = rt.store.finish(ctx.lane, record, token=token, fence=ctx.fence,
                                                 wake_message=f"{ctx.lane}:{outcome.value}",
