@@ -142,15 +142,24 @@ def _check_worker(sender: Any = None, **kwargs: Any) -> None:
     app = getattr(sender, "app", None)
     if app is None or getattr(app, "schedproj_settings", None) is None:
         return
-    lanes = validate_or_exit(app, "worker")
+    validate_or_exit(app, "worker")
+    init_sentry(app.schedproj_settings, "worker")
+
+
+@signals.worker_ready.connect  # type: ignore[untyped-decorator]
+def _report_worker(sender: Any = None, **kwargs: Any) -> None:
+    """Said once logging is set up (worker_init runs before Celery configures it)."""
+    app = getattr(sender, "app", None)
+    if app is None or getattr(app, "schedproj_settings", None) is None:
+        return
+    lanes = lane_set_for(app)
     queues = {q.name for q in app.amqp.queues.consume_from.values()} \
         if app.amqp.queues.consume_from else set()
-    concurrency = getattr(sender, "concurrency", None)
+    concurrency = getattr(getattr(sender, "controller", None), "concurrency", None)
     if defaults.HEAVY_QUEUE in queues and concurrency and concurrency > 1:
         logger.warning("this worker consumes queue %r with concurrency %s; use -c 1 (the lease "
                        "keeps heavy runs exclusive anyway, extra slots only sit idle)",
                        defaults.HEAVY_QUEUE, concurrency)
-    init_sentry(app.schedproj_settings, "worker")
     logger.info("schedproj worker: %d lanes (%s)", len(lanes.specs), ", ".join(lanes.names))
 
 

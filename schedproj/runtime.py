@@ -28,9 +28,10 @@ class Runtime:
     @classmethod
     def build(cls, settings: Settings) -> Runtime:
         client = connect(settings.state_redis_url)
+        audit = connect(settings.audit_redis_url) if settings.audit_redis_url else client
         keys = Keys(settings.key_prefix)
         return cls(settings=settings, keys=keys, lease=HeavyLease(client, keys),
-                   store=LaneStore(client, keys), pid=os.getpid())
+                   store=LaneStore(client, keys, audit), pid=os.getpid())
 
 
 _lock = threading.Lock()

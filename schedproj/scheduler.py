@@ -28,7 +28,7 @@ from schedproj.errors import SchedprojError
 from schedproj.pipeline import Decision, decide, seconds_until_next_due
 from schedproj.registry import LaneSet, queue_for, registry_json
 from schedproj.runtime import Runtime, settings_for
-from schedproj.sentry_setup import init_sentry
+from schedproj.sentry_setup import crons_exclusions, init_sentry
 from schedproj.state import Deferral
 from schedproj.store import Snapshot
 from schedproj.task import LEASE_KWARG
@@ -58,7 +58,8 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         self.settings = settings_for(self.app)
         self.lanes = validate_or_exit(self.app, "beat")
         self.rt = Runtime.build(self.settings)
-        init_sentry(self.settings, "beat")
+        # Sentry Crons only monitors whole-minute intervals: other lanes are left out of it.
+        init_sentry(self.settings, "beat", exclude_beat_tasks=crons_exclusions(self.lanes.specs))
         metrics.serve(self.rt.store.client, self.rt.keys, self.settings, self.lanes.specs)
         self.max_interval = self.settings.beat_max_loop_interval_s
         self.data = {

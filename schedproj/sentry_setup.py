@@ -73,12 +73,14 @@ def crons_exclusions(specs: Iterable[LaneSpec]) -> list[str]:
 
     Crons knows intervals of whole minutes only; for any other cadence sentry-sdk sends no
     check-in and logs a warning at every dispatch. For beat:
-    ``init_sentry(settings, "beat", exclude_beat_tasks=crons_exclusions(specs))``."""
+    ``init_sentry(settings, "beat", exclude_beat_tasks=crons_exclusions(specs))``, which passes
+    them to the Celery integration."""
     return [f"^{re.escape(spec.name)}$" for spec in specs
             if spec.cadence_s < 60 or spec.cadence_s % 60]
 
 
-def init_sentry(settings: Settings, role: str, **extra: Any) -> bool:
+def init_sentry(settings: Settings, role: str, *,
+                exclude_beat_tasks: list[str] | None = None, **extra: Any) -> bool:
     """Initialise sentry-sdk for this process (``role``: beat or worker); False if no DSN.
 
     Idempotent per process: a solo or threads worker gets both ``worker_init`` and
@@ -96,7 +98,8 @@ def init_sentry(settings: Settings, role: str, **extra: Any) -> bool:
         "environment": settings.sentry_environment,
         "release": settings.sentry_release,
         "send_default_pii": settings.sentry_send_default_pii,
-        "integrations": [CeleryIntegration(monitor_beat_tasks=settings.sentry_beat_monitoring)],
+        "integrations": [CeleryIntegration(monitor_beat_tasks=settings.sentry_beat_monitoring,
+                                           exclude_beat_tasks=exclude_beat_tasks or None)],
         "event_scrubber": EventScrubber(
             denylist=[*DEFAULT_DENYLIST, *EXTRA_DENYLIST], recursive=True,
             send_default_pii=settings.sentry_send_default_pii,

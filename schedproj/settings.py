@@ -47,6 +47,11 @@ class Settings(BaseSettings):
     redis_url: str | None = Field(
         default=None, description="Redis for lane state and the lease; defaults to the broker."
     )
+    audit_redis_url: str | None = Field(
+        default=None,
+        description="Redis for the run journal and dispatch log (default: the state Redis). "
+        "A separate one keeps the audit trail when the state Redis loses everything.",
+    )
     key_prefix: str = Field(default=defaults.KEY_PREFIX, min_length=1)
     profile: Profile = Profile.LOCAL
     policy: Policy = Field(

@@ -73,9 +73,11 @@ def parse_states(raw: Mapping[str, str], hash_key: str) -> tuple[dict[str, LaneS
 class LaneStore:
     """Reads and writes lane state, the wake list and scheduling errors."""
 
-    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+    def __init__(self, client: redis.Redis, keys: Keys,
+                 audit_client: redis.Redis | None = None) -> None:
         self.client = client
         self.keys = keys
+        self.audit_client = audit_client or client
         self._lock = scripts.register(client, "beat_lock")
         self._unlock = scripts.register(client, "beat_unlock")
         self._guarded_hset = scripts.register(client, "guarded_hset")
@@ -180,7 +182,7 @@ class LaneStore:
 
     def log(self, key: str, entry: Mapping[str, Any]) -> None:
         """Append to a bounded audit list (the journal or the dispatch log)."""
-        pipe = self.client.pipeline(transaction=False)
+        pipe = self.audit_client.pipeline(transaction=False)
         pipe.rpush(key, json.dumps(entry, separators=(",", ":")))
         pipe.ltrim(key, -defaults.AUDIT_LOG_LEN, -1)
         pipe.execute()

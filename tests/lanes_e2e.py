@@ -147,3 +147,28 @@ elif SCENARIO == "gate":
                                        DeferralReason.GOLDEN_PATH_DEPENDENCY),)))
     def consumer(self: LaneTask) -> None:
         sleeper(self, "e2e.consumer", 0.01)
+
+elif SCENARIO == "sentry":
+    # Sentry's capture in these processes (see tests/sentry_capture.py); Sentry Crons knows
+    # only whole-minute intervals, so these lanes run every minute (once in a test). The lane
+    # names differ from the task names: the monitor slug must be the lane's.
+    from tests import sentry_capture
+
+    sentry_capture.activate_from_env()
+
+    class LaneBroke(RuntimeError):
+        """What the failing lane raises (the error event must carry it)."""
+
+    @shared_task(base=LaneTask, bind=True, name="e2e.sentry-broken",
+                 lane=Lane(cadence_s=60, kind=LaneKind.HEAVY, order=10,
+                           name="e2e-sentry-broken"))
+    def sentry_broken(self: LaneTask) -> None:
+        # The lease token rides in the message; the test checks it never reaches Sentry.
+        grant = (self.request.kwargs or {}).get("schedproj_lease") or {}
+        record("e2e-sentry-broken", time.time(), self.fence, token=grant.get("token"))
+        raise LaneBroke("e2e-sentry-broken failed on purpose")
+
+    @shared_task(base=LaneTask, bind=True, name="e2e.sentry-fine",
+                 lane=Lane(cadence_s=60, kind=LaneKind.LIGHT, order=20, name="e2e-sentry-fine"))
+    def sentry_fine(self: LaneTask) -> None:
+        sleeper(self, "e2e-sentry-fine", 0.05)
