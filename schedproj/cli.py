@@ -294,5 +294,30 @@ def clear_lease(app_name: str, timeout_s: float) -> None:
         click.echo("the lease changed meanwhile; nothing cleared")
 
 
+
+@main.command()
+@click.option("--duration", "duration_s", type=click.FloatRange(min=20), default=120.0,
+              show_default=True, help="How long to run (seconds).")
+@click.option("--heavy-workers", type=click.IntRange(min=2), default=3, show_default=True)
+@click.option("--fault-every", "fault_every_s", type=click.FloatRange(min=2), default=4.0,
+              show_default=True, help="Seconds between injected faults.")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+def chaos(duration_s: float, heavy_workers: int, fault_every_s: float, as_json: bool) -> None:
+    """Break workers, beats and Redis on purpose and audit what ran (private Redis)."""
+    from schedproj.chaos.driver import render, run_chaos
+
+    try:
+        report = run_chaos(duration_s, heavy_workers, fault_every_s)
+    except SchedprojError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        render(report, sys.stdout)
+    failed = report["overlaps"] or report["duplicates"] or report["lost_runs"] \
+        or report["stale_starts"] or not report["ledger_monotone"]
+    sys.exit(1 if failed else 0)
+
+
 if __name__ == "__main__":
     main()

@@ -9,6 +9,7 @@ run is skipped: recorded, and nothing runs.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from contextvars import ContextVar
@@ -19,7 +20,7 @@ from billiard.exceptions import WorkerLostError
 from celery import Task
 from celery.exceptions import TimeLimitExceeded
 
-from schedproj.errors import StateError
+from schedproj.errors import LeaseLost, StateError
 from schedproj.lanes import Lane, LaneKind
 from schedproj.runtime import Runtime, runtime_for
 from schedproj.state import Outcome, RunRecord
@@ -198,6 +199,11 @@ class LaneTask(Task):  # type: ignore[misc]
             result = self.run(*args, **kwargs)
         except BaseException as exc:
             outcome, reason = Outcome.FAILED, f"{type(exc).__name__}: {exc}"[:500]
+            if isinstance(exc, LeaseLost) and not ctx.lost.is_set():
+                # A fenced write was refused: a newer holder exists, whatever the renewer
+                # thread has noticed so far.
+                ctx.lost_reason = "fenced-write-refused"
+                ctx.lost.set()
             raise
         finally:
             _current.reset(reset)
@@ -212,7 +218,8 @@ class LaneTask(Task):  # type: ignore[misc]
         """Starts and ends with their fence, kept in Redis past this process (the audit)."""
         try:
             rt.store.log(rt.keys.journal, {"ev": event, "lane": ctx.lane, "task": ctx.task_id,
-                                           "fence": ctx.fence, "t": time.time(), **extra})
+                                           "fence": ctx.fence, "t": time.time(),
+                                           "pid": os.getpid(), **extra})
         except Exception:
             logger.warning("lane %s: could not journal %s", ctx.lane, event, exc_info=True)
 
