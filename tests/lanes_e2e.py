@@ -172,3 +172,30 @@ elif SCENARIO == "sentry":
                  lane=Lane(cadence_s=60, kind=LaneKind.LIGHT, order=20, name="e2e-sentry-fine"))
     def sentry_fine(self: LaneTask) -> None:
         sleeper(self, "e2e-sentry-fine", 0.05)
+
+elif SCENARIO == "partition":
+    from schedproj.audit import FencedLedger
+    from schedproj.errors import LeaseLost
+
+    def _ledger() -> FencedLedger:
+        return FencedLedger(client(), PREFIX)
+
+    @shared_task(base=LaneTask, bind=True, name="part.long",
+                 lane=Lane(cadence_s=1, kind=LaneKind.HEAVY, order=10))
+    def part_long(self: LaneTask) -> None:
+        """A stubborn writer: it never checks should_yield and retries writes through a cut,
+        the worst case. Only the fencing number can stop its late writes."""
+        for step in range(40):
+            time.sleep(0.2)
+            deadline = time.time() + 30
+            while True:
+                try:
+                    accepted = _ledger().append(self.fence, {"fence": self.fence, "step": step,
+                                                             "pid": os.getpid()})
+                    break
+                except redis.RedisError:
+                    if time.time() > deadline:
+                        raise
+                    time.sleep(0.2)
+            if not accepted:
+                raise LeaseLost(f"fence {self.fence} refused at step {step}")
