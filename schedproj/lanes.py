@@ -126,7 +126,15 @@ class Lane:
                 f"use one of {[k.value for k in LaneKind]} for kind and "
                 f"{[d.value for d in DeploymentClass]} for deployment",
             ) from None
-        object.__setattr__(self, "gates", tuple(self.gates))
+        gates: Any = self.gates
+        if gates is None:
+            gates = ()
+        if not isinstance(gates, list | tuple):
+            raise LaneDeclarationError(
+                self.name or "<unnamed>", f"gates must be a tuple of Gate, got {gates!r}",
+                "pass gates=(Gate('blocker-lane'),) or leave it out",
+            )
+        object.__setattr__(self, "gates", tuple(gates))
 
     def check(self, lane: str) -> None:
         """Reject declarations that cannot be scheduled, naming the lane and the fix."""
@@ -157,7 +165,9 @@ class Lane:
         after, window = self.retry_after_failure_s, self.retry_window_s
         if after is None and window is None:
             return
-        if after is None or window is None or not (0 < after <= window):
+        numbers = all(isinstance(v, int | float) and not isinstance(v, bool)
+                      and math.isfinite(v) for v in (after, window))
+        if not numbers or not (0 < after <= window):  # type: ignore[operator]
             raise LaneDeclarationError(
                 lane, f"retry_after_failure_s={after!r} and retry_window_s={window!r} do not "
                 "fit together", "set both, with 0 < retry_after_failure_s <= retry_window_s "
@@ -165,6 +175,12 @@ class Lane:
             )
 
     def _check_options(self, lane: str) -> None:
+        for flag in ("priority0", "backlog_driven"):
+            if not isinstance(getattr(self, flag), bool):
+                raise LaneDeclarationError(
+                    lane, f"{flag} must be True or False, got {getattr(self, flag)!r}",
+                    f"pass {flag}=True or leave it out",
+                )
         self._check_retry(lane)
         if self.priority0 and self.kind is LaneKind.LIGHT:
             raise LaneDeclarationError(

@@ -102,6 +102,9 @@ def observe(client: redis.Redis, keys: Keys, specs: tuple[LaneSpec, ...] | None 
         states=states, lease=lease, errors=errors, beat=beat,
         beat_lock_held=lock is not None and lock == beat.get("token"),
         watchdog=watchdog,
-        counters={k: int(v) for k, v in counters.items() if k != "lease_acquisitions"},
-        lease_acquisitions=int(counters.get("lease_acquisitions", 0)), problems=problems,
+        counters={k: int(v) for k, v in counters.items()
+                  if k != "lease_acquisitions" and str(v).lstrip("-").isdigit()},
+        lease_acquisitions=int(counters.get("lease_acquisitions", "0"))
+        if str(counters.get("lease_acquisitions", "0")).isdigit() else 0,
+        problems=problems,
     )

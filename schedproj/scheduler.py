@@ -97,6 +97,14 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             self._go_standby(f"Redis unreachable ({exc})")
             return REDIS_RETRY_S
+        except redis.ResponseError as exc:
+            # A key of the wrong type or garbage where a number belongs: say so every tick
+            # and keep running (no crash loop); the operator fixes or deletes the key.
+            logger.error("scheduling error: Redis refused a command (%s); a schedproj key "
+                         "under prefix %r holds a value of the wrong type — inspect it with "
+                         "`schedproj status` and delete the bad key", exc,
+                         self.settings.key_prefix)
+            return REDIS_RETRY_S
 
     def apply_async(self, entry: ScheduleEntry, producer: Any = None, advance: bool = False,
                     **kwargs: Any) -> Any:
@@ -134,6 +142,9 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         if not snap.lock.held:
             self._go_standby(f"beat lock held by another beat ({str(snap.lock.holder)[:8]})")
             return min(STANDBY_POLL_S, s.beat_max_loop_interval_s)
+        if snap.lock.event == "replaced-garbage":
+            logger.warning("beat %s: the beat lock key held a value without a TTL (not written "
+                           "by a beat); replaced it", self.token[:8])
         if not self.active:
             self.active = True
             logger.info("beat %s: active (beat lock %s, fence %d)", self.token[:8],

@@ -7,6 +7,13 @@ if not current then
   local fence = redis.call('INCR', KEYS[2])
   return {1, fence, 'acquired'}
 end
+if redis.call('PTTL', KEYS[1]) == -1 then
+  -- No beat writes a lock without a TTL: this is garbage that would block every beat
+  -- forever. Replace it (the caller logs that it did).
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  local fence = redis.call('INCR', KEYS[2])
+  return {1, fence, 'replaced-garbage'}
+end
 if current == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1, tonumber(redis.call('GET', KEYS[2]) or 0), 'renewed'}

@@ -1,0 +1,218 @@
+"""Hostile and broken input: foreign messages, garbage state, random declarations, bad lanes."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import redis
+from celery import Celery
+from celery.exceptions import SoftTimeLimitExceeded
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from kombu import Connection, Exchange, Producer
+
+from schedproj import Lane, LaneTask, Settings, configure_app
+from schedproj.errors import ConfigurationError, SchedprojError
+from schedproj.keys import Keys
+from schedproj.lanes import Gate
+from schedproj.lease import HeavyLease
+from schedproj.redis_conn import connect
+from schedproj.registry import build_lane_set
+from schedproj.scheduler import FairScheduler
+from schedproj.task import LEASE_KWARG
+from tests.conftest import E2E_REDIS_URL
+from tests.procs import FAST_SETTINGS, Cluster, wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# -- random declarations and settings: a valid start or a clear error ------------------------
+
+class FakeTask:
+    def __init__(self, lane: object) -> None:
+        self.lane = lane
+        self.queue = None
+
+
+values = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.floats(allow_nan=True),
+                   st.text(max_size=5), st.lists(st.integers(), max_size=2))
+lane_kwargs = st.fixed_dictionaries({}, optional={
+    "cadence_s": values, "kind": st.one_of(values, st.sampled_from(["heavy", "light"])),
+    "priority0": values, "deployment": values, "order": values, "backlog_driven": values,
+    "retry_after_failure_s": values, "retry_window_s": values,
+    "gates": st.one_of(values, st.lists(st.builds(Gate, st.sampled_from(["a", "b", "zz"])),
+                                        max_size=2)),
+})
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(st.dictionaries(st.sampled_from(["a", "b", "c"]), lane_kwargs, min_size=1))
+def test_random_declarations_start_or_fail_clearly(decls: dict[str, dict]) -> None:
+    try:
+        tasks = {name: FakeTask(Lane(**kw)) for name, kw in decls.items()}
+        build_lane_set(tasks)
+    except SchedprojError as exc:
+        assert "Fix:" in str(exc) or "lane" in str(exc)
+    except TypeError as exc:  # only Python's own keyword check, before any schedproj code
+        assert "argument" in str(exc)
+
+
+setting_values = st.one_of(st.text(max_size=8), st.sampled_from(
+    ["0", "-1", "nan", "inf", "1e9", "true", "cloud", "registry", "redis://x:1/0"]))
+
+
+@settings(max_examples=200)
+@given(st.dictionaries(st.sampled_from(
+    ["lease_ttl_s", "hold_cap_s", "beat_lock_ttl_s", "beat_max_loop_interval_s", "profile",
+     "policy", "heavy_time_limit_s", "metrics_port", "cadence_scale", "rem_batch"]),
+    setting_values, max_size=4))
+def test_random_settings_load_or_fail_clearly(values: dict[str, str]) -> None:
+    try:
+        loaded = Settings.load(**values)
+    except ConfigurationError as exc:
+        assert "SCHEDPROJ_" in str(exc)
+        return
+    assert math.isfinite(loaded.lease_ttl_s) or loaded.lease_ttl_s > 0
+
+
+# -- lanes that raise, time out or return nonsense: lease released, outcome recorded ---------
+
+def heavy_app(prefix: str) -> Celery:
+    app = Celery(f"h-{uuid.uuid4().hex[:6]}", set_as_current=False)
+    configure_app(app, Settings.load(broker_url="redis://127.0.0.1:6379/13",
+                                     redis_url="redis://127.0.0.1:6379/14", key_prefix=prefix,
+                                     beat_max_loop_interval_s=0.2, beat_lock_ttl_s=1.0))
+
+    @app.task(shared=False, base=LaneTask, name="x.raises", lane=Lane(cadence_s=60))
+    def raises() -> None:
+        raise RuntimeError("boom")
+
+    @app.task(shared=False, base=LaneTask, name="x.soft-limit", lane=Lane(cadence_s=60))
+    def soft_limit() -> None:
+        raise SoftTimeLimitExceeded()
+
+    @app.task(shared=False, base=LaneTask, name="x.nonsense", lane=Lane(cadence_s=60))
+    def nonsense() -> object:
+        return object()  # not JSON: results are ignored, so this must not matter
+
+    return app
+
+
+@pytest.mark.parametrize(("task", "outcome"), [("x.raises", "failed"),
+                                                ("x.soft-limit", "failed"),
+                                                ("x.nonsense", "completed")])
+def test_bad_lane_bodies_release_lease_and_record(key_prefix: str, task: str,
+                                                  outcome: str) -> None:
+    app = heavy_app(key_prefix)
+    keys = Keys(key_prefix)
+    client = connect("redis://127.0.0.1:6379/14")
+    lease = HeavyLease(client, keys)
+    grant = lease.acquire(task, "tok", 30, time.time(), task_id="t1")
+    lane_task = app.tasks[task]
+    lane_task.push_request(id="t1")
+    try:
+        lane_task(**{LEASE_KWARG: {"token": "tok", "fence": grant.fence}})
+    except (RuntimeError, SoftTimeLimitExceeded):
+        pass
+    finally:
+        lane_task.pop_request()
+    assert lease.read() is None, "the lease was left held"
+    record = json.loads(client.hget(keys.lanes, f"{task}|run"))
+    assert record["last_outcome"] == outcome and record["runs"] == 1
+
+
+# -- garbage in every state key: reported, no crash loop -------------------------------------
+
+#: key suffix -> (type, value, what beat logs about it, what status reports about it)
+GARBAGE = {
+    "lease": ("string", "not json", "scheduling error", "<lease>"),
+    "lease:fence": ("string", "many", "Redis refused a command", None),
+    "beat:lock": ("string", "stuck-without-ttl", "without a TTL", None),
+    "paused": ("string", "not a set", "Redis refused a command", None),
+    "run-now": ("hash", {"a": "b"}, "Redis refused a command", None),
+    "counters": ("hash", {"yields|x": "lots"}, None, None),
+    "watchdog": ("string", "{", None, "watchdog"),
+}
+
+
+@pytest.mark.parametrize("suffix", sorted(GARBAGE))
+def test_garbage_in_each_key_is_reported_not_a_crash(key_prefix: str, suffix: str,
+                                                     redis_client: redis.Redis,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    from schedproj.observe import observe
+
+    kind, value, logged, reported = GARBAGE[suffix]
+    key = f"{key_prefix}:{suffix}"
+    if kind == "hash":
+        redis_client.hset(key, mapping=value)
+    else:
+        redis_client.set(key, value)
+    sched = FairScheduler(app=heavy_app(key_prefix))
+    with caplog.at_level("INFO"):
+        for _ in range(3):
+            sched.tick()  # returns every time: no crash loop
+    sched.close()
+    if logged:
+        assert logged in caplog.text
+    if suffix in ("paused", "run-now"):
+        return  # the wrong type also stops status, with Redis's own message (tested in CLI)
+    obs = observe(redis_client, Keys(key_prefix))
+    if reported:
+        assert reported in " ".join([*obs.errors, *obs.problems])
+    if suffix == "counters":
+        assert "yields|x" not in obs.counters
+
+
+# -- foreign messages on the queues ----------------------------------------------------------
+
+@pytest.mark.e2e
+@pytest.mark.timeout(90)
+def test_foreign_messages_run_nothing_and_leave_the_lease(e2e_redis: redis.Redis,
+                                                          tmp_path: Path) -> None:
+    import os
+
+    env = dict(os.environ)
+    env.update(FAST_SETTINGS)
+    env.update({"CELERY_BROKER_URL": E2E_REDIS_URL, "SCHEDPROJ_REDIS_URL": E2E_REDIS_URL,
+                "SCHEDPROJ_KEY_PREFIX": "schedproj", "E2E_SCENARIO": "deadline",
+                "PYTHONPATH": str(ROOT)})
+    cluster = Cluster(env=env, logdir=tmp_path)
+    try:
+        heavy = cluster.worker("heavy1", "heavy")
+        light = cluster.worker("light1", "light")
+        keys = Keys("schedproj")
+        lease = HeavyLease(connect(E2E_REDIS_URL), keys)
+        grant = lease.acquire("someone", "real", 60, time.time())
+        with Connection(E2E_REDIS_URL) as conn:
+            producer = Producer(conn.default_channel, exchange=Exchange("", type="direct"))
+            for queue in ("heavy", "light"):
+                producer.publish({"evil": True}, routing_key=queue, serializer="pickle",
+                                 headers={"task": "e2e.quick", "id": str(uuid.uuid4())})
+                producer.publish("garbage", routing_key=queue, serializer="json",
+                                 headers={"task": "no.such.task", "id": str(uuid.uuid4())})
+        sender = Celery("s", broker=E2E_REDIS_URL, set_as_current=False)
+        sender.send_task("e2e.quick", args=[1, 2, 3], queue="heavy")
+        sender.send_task("e2e.slowlight", args=[1, 2, 3], queue="light")
+        wait_for(lambda: "ContentDisallowed" in heavy.text() + light.text()
+                 or "disallowed" in (heavy.text() + light.text()).lower(), 20,
+                 "the pickle payload refused")
+        wait_for(lambda: "no.such.task" in heavy.text() and "no.such.task" in light.text(), 20,
+                 "the unknown task refused")
+        wait_for(lambda: "missing-lease-token" in heavy.text(), 20,
+                 "the token-less heavy message refused")
+        wait_for(lambda: e2e_redis.hget(keys.lanes, "e2e.slowlight|run") is not None, 20,
+                 "the light lane's bad-argument run recorded")
+        record = json.loads(e2e_redis.hget(keys.lanes, "e2e.slowlight|run"))
+        assert record["last_outcome"] == "failed" and "TypeError" in record["last_reason"]
+        current = lease.read()
+        assert current is not None and current.token == "real" and current.fence == grant.fence
+        assert not [x for x in e2e_redis.lrange(keys.journal, 0, -1)
+                    if json.loads(x)["fence"] > 0], "a heavy lane started"
+        assert heavy.alive() and light.alive()
+    finally:
+        cluster.stop_all()
