@@ -7,11 +7,15 @@ where ``.ci/run`` starts Redis first.
 from __future__ import annotations
 
 import os
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
+
+from schedproj.keys import Keys
+from schedproj.redis_conn import connect
 
 #: Integration tests share this database and keep apart by key prefix (no FLUSHDB).
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
@@ -60,3 +64,31 @@ def e2e_redis() -> Iterator[redis.Redis]:
     client.flushdb()
     yield client
     client.close()
+
+
+def token() -> str:
+    """A random owner token."""
+    return uuid.uuid4().hex
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.02) -> bool:
+    """Poll ``predicate`` until it holds or ``timeout_s`` passes; its last answer."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval_s)
+    return predicate()
+
+
+@pytest.fixture
+def keys(key_prefix: str) -> Keys:
+    return Keys(key_prefix)
+
+
+@pytest.fixture
+def client(redis_url: str) -> Iterator[redis.Redis]:
+    """A schedproj-style client (decoded strings, timeouts) on the integration database."""
+    c = connect(redis_url)
+    yield c
+    c.close()

@@ -10,8 +10,6 @@ import itertools
 import multiprocessing as mp
 import queue
 import time
-import uuid
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -23,6 +21,7 @@ from schedproj.keys import Keys
 from schedproj.lease import HeavyLease
 from schedproj.redis_conn import connect
 from schedproj.store import LaneStore
+from tests.conftest import token, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -31,32 +30,6 @@ LANE = "summary"
 LONG_TTL = 30.0
 #: A TTL short enough to watch it lapse.
 SHORT_TTL = 0.3
-
-
-def token() -> str:
-    return uuid.uuid4().hex
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.02) -> bool:
-    """Poll ``predicate`` until it holds or ``timeout_s`` passes; its last answer."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval_s)
-    return predicate()
-
-
-@pytest.fixture
-def keys(key_prefix: str) -> Keys:
-    return Keys(key_prefix)
-
-
-@pytest.fixture
-def client(redis_url: str) -> Iterator[redis.Redis]:
-    c = connect(redis_url)
-    yield c
-    c.close()
 
 
 @pytest.fixture

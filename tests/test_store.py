@@ -9,8 +9,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -23,36 +22,12 @@ from schedproj.lease import HeavyLease
 from schedproj.redis_conn import connect
 from schedproj.state import Deferral, LaneState, Outcome, RunRecord, SchedRecord, encode
 from schedproj.store import UNREADABLE_LEASE, LaneStore
+from tests.conftest import token, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
 LONG_TTL = 30.0
 SHORT_TTL = 0.3
-
-
-def token() -> str:
-    return uuid.uuid4().hex
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.02) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval_s)
-    return predicate()
-
-
-@pytest.fixture
-def keys(key_prefix: str) -> Keys:
-    return Keys(key_prefix)
-
-
-@pytest.fixture
-def client(redis_url: str) -> Iterator[redis.Redis]:
-    c = connect(redis_url)
-    yield c
-    c.close()
 
 
 @pytest.fixture
