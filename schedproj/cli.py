@@ -319,5 +319,15 @@ def chaos(duration_s: float, heavy_workers: int, fault_every_s: float, as_json: 
     sys.exit(1 if failed else 0)
 
 
+
+def _register_simulator() -> None:
+    from schedproj.sim.cli import simulate
+
+    main.add_command(simulate)
+
+
+_register_simulator()
+
+
 if __name__ == "__main__":
     main()

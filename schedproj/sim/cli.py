@@ -1,0 +1,188 @@
+"""``schedproj simulate``: register with ``main.add_command(simulate)`` in schedproj/cli.py."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from schedproj.errors import SchedprojError
+
+_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(value: str) -> float:
+    """Seconds, or a number with a unit: 90, 90s, 30m, 24h, 2d."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-z]*)\s*", value)
+    if match is None or match.group(2) not in _UNITS:
+        raise ValueError(f"{value!r} is not a duration; write seconds or a number with s, m, "
+                         f"h or d (e.g. 24h)")
+    seconds = float(match.group(1)) * _UNITS[match.group(2)]
+    if seconds <= 0:
+        raise ValueError(f"{value!r} must be longer than 0")
+    return seconds
+
+
+def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+
+
+def _demands(values: tuple[str, ...]) -> list[float]:
+    hs: list[float] = []
+    for value in values:
+        for part in value.split(","):
+            if not part.strip():
+                continue
+            try:
+                h = float(part)
+            except ValueError:
+                raise click.BadParameter(f"{part!r} is not a number", param_hint="--H") from None
+            if not h > 0:
+                raise click.BadParameter(f"{part!r} must be > 0", param_hint="--H")
+            hs.append(h)
+    return hs
+
+
+def _variant_labels() -> list[str]:
+    from schedproj.sim.model import VARIANTS
+
+    return [v.label for v in VARIANTS]
+
+
+@click.command()
+@click.option("--scenario", type=click.Choice(["forensic", "random", "trace"]),
+              default="forensic", show_default=True,
+              help="forensic: the REM chain with the original's backlog; random: random lane "
+                   "sets at heavy demand H; trace: your own lanes from --trace FILE.")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Trace file (JSON, see docs/simulator.md); implies --scenario trace.")
+@click.option("--H", "hs", multiple=True, metavar="H[,H...]",
+              help="Heavy demand Σ run_time/cadence of the random sets; repeat or "
+                   "comma-separate to sweep (default 0.25,0.5,0.75,0.9,1.2).")
+@click.option("--seed", default=1, show_default=True, type=int)
+@click.option("--horizon", default=None, callback=_duration, metavar="DURATION",
+              help="Virtual time to simulate (default: forensic 24h; random 20 x the longest "
+                   "cadence; trace: its horizon_s).")
+@click.option("--tick", default=None, callback=_duration, metavar="DURATION",
+              help="Beat's poll interval (default 3 s, or the trace's tick_s).")
+@click.option("--hold-cap", default=None, callback=_duration, metavar="DURATION",
+              help="Heavy hold cap (default 30 min, or the trace's hold_cap_s).")
+@click.option("--sets", default=3, show_default=True, type=click.IntRange(1),
+              help="Random lane sets per H.")
+@click.option("--heavy-lanes", default=8, show_default=True, type=click.IntRange(1),
+              help="Heavy lanes per random set.")
+@click.option("--variant", "variants", multiple=True, type=click.Choice(_variant_labels()),
+              help="Only these variants (repeatable; default all four).")
+@click.option("--fail-prob", type=click.FloatRange(0, 1, max_open=True), default=None,
+              help="Probability that a run step (fixed part or one batch) fails, every lane.")
+@click.option("--no-wake", is_flag=True,
+              help="A finishing run does not wake beat; the next poll sees it.")
+@click.option("--jobs", type=click.IntRange(1), default=None,
+              help="Processes for the random sweep (default up to 2).")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Write PNG plots into this directory (needs matplotlib).")
+@click.option("--dump-trace", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the forensic/trace scenario as a trace file (a starting point for "
+                   "your own).")
+def simulate(scenario: str, trace_path: Path | None, hs: tuple[str, ...], seed: int,
+             horizon: float | None, tick: float | None, hold_cap: float | None, sets: int,
+             heavy_lanes: int, variants: tuple[str, ...], fail_prob: float | None,
+             no_wake: bool, jobs: int | None, as_json: bool, plot_dir: Path | None,
+             dump_trace: Path | None) -> None:
+    """Simulate the scheduler in virtual time: the project's own pipeline and picker, a model
+    of run durations, backlog, yields, gates and failures; four policy variants side by side
+    (staleness or legacy registry picker, with or without the light-lane second pass)."""
+    from schedproj.sim.model import Variant
+
+    chosen = tuple(Variant.parse(v) for v in variants) if variants else None
+    if trace_path is not None:
+        scenario = "trace"
+    try:
+        if scenario == "random":
+            if dump_trace is not None:
+                raise click.UsageError("--dump-trace works with --scenario forensic or trace")
+            _random(_demands(hs), seed, horizon, tick, hold_cap, sets, heavy_lanes, chosen,
+                    fail_prob, no_wake, jobs, as_json, plot_dir)
+        else:
+            if hs:
+                raise click.UsageError("--H applies to --scenario random")
+            _single(scenario, trace_path, seed, horizon, tick, hold_cap, chosen, fail_prob,
+                    no_wake, as_json, plot_dir, dump_trace)
+    except SchedprojError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _overrides(horizon: float | None, tick: float | None, hold_cap: float | None,
+               no_wake: bool) -> dict[str, Any]:
+    changes: dict[str, Any] = {"horizon_s": horizon, "tick_s": tick, "hold_cap_s": hold_cap,
+                               "wake_on_release": False if no_wake else None}
+    return {k: v for k, v in changes.items() if v is not None}
+
+
+def _single(scenario: str, trace_path: Path | None, seed: int, horizon: float | None,
+            tick: float | None, hold_cap: float | None, chosen: Any, fail_prob: float | None,
+            no_wake: bool, as_json: bool, plot_dir: Path | None,
+            dump_trace: Path | None) -> None:
+    from schedproj.sim.model import VARIANTS
+    from schedproj.sim.report import compare, comparison_tables, print_tables
+    from schedproj.sim.scenarios import forensic
+    from schedproj.sim.trace import load_trace, scenario_to_trace
+
+    if scenario == "trace" and trace_path is None:
+        raise click.UsageError("--scenario trace needs --trace FILE")
+    s = load_trace(trace_path) if trace_path is not None else forensic()
+    s = s.with_(**_overrides(horizon, tick, hold_cap, no_wake))
+    if fail_prob is not None:
+        s = s.map_lanes(fail_prob=fail_prob)
+    if dump_trace is not None:
+        dump_trace.write_text(json.dumps(scenario_to_trace(s), indent=2) + "\n",
+                              encoding="utf-8")
+        click.echo(f"wrote {dump_trace}", err=True)
+    c = compare(s, seed, chosen or VARIANTS)
+    if as_json:
+        click.echo(json.dumps(c.as_dict(), indent=2))
+    else:
+        print_tables(comparison_tables(c), sys.stdout)
+    if plot_dir is not None:
+        from schedproj.sim.plot import timeline_plot
+
+        path = timeline_plot(c, plot_dir / f"{s.name}_timeline.png")
+        click.echo(f"wrote {path}", err=True)
+
+
+def _random(hs: list[float], seed: int, horizon: float | None, tick: float | None,
+            hold_cap: float | None, sets: int, heavy_lanes: int, chosen: Any,
+            fail_prob: float | None, no_wake: bool, jobs: int | None, as_json: bool,
+            plot_dir: Path | None) -> None:
+    from schedproj.sim.model import VARIANTS
+    from schedproj.sim.report import print_tables, sweep, sweep_table
+    from schedproj.sim.scenarios import DEFAULT_HS
+
+    kwargs: dict[str, Any] = {"n_heavy": heavy_lanes,
+                              **_overrides(horizon, tick, hold_cap, no_wake)}
+    if fail_prob is not None:
+        kwargs["fail_prob"] = fail_prob
+    sw = sweep(hs or list(DEFAULT_HS), seed=seed, sets=sets, variants=chosen or VARIANTS,
+               jobs=jobs, **kwargs)
+    if as_json:
+        click.echo(json.dumps(sw.as_dict(), indent=2))
+    else:
+        print_tables([sweep_table(sw)], sys.stdout)
+    if plot_dir is not None:
+        from schedproj.sim.plot import sweep_plot
+
+        path = sweep_plot(sw, plot_dir / "max_ratio_vs_H.png")
+        click.echo(f"wrote {path}", err=True)
+
+
+__all__ = ["parse_duration", "simulate"]

@@ -1,0 +1,645 @@
+"""A discrete-event simulator in virtual time that drives the project's own scheduling core.
+
+Every decision is :func:`schedproj.pipeline.decide` (due -> gates -> pick) on
+:class:`~schedproj.state.LaneState` records and a :class:`~schedproj.state.LeaseView` built
+from the simulator's state, and every decision's beat-owned changes (in-flight message,
+deferral streaks) come from :func:`schedproj.dispatch.sched_changes`, exactly as
+``FairScheduler`` does. Run records are written the way ``LaneTask`` writes them (the last run
+ends at ``last_run_at``; a failed run reports no backlog; yields keep the lane due).
+
+Beat is modelled as the real loop: after a decision at ``t`` it polls again after
+``min(tick, seconds_until_next_due)``, and a finishing run wakes it at once (wake on release).
+Polls at which nothing can have changed are skipped: they would decide exactly the same, so
+the simulation is the same as polling every tick, only faster.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from schedproj import defaults
+from schedproj.dispatch import Send, sched_changes
+from schedproj.lanes import DeferralReason, LaneSpec
+from schedproj.picker import pick
+from schedproj.pipeline import Decision, decide, enabled_under, seconds_until_next_due
+from schedproj.sim.model import Arrival, Durations, LaneModel, Scenario, SimError, Variant
+from schedproj.state import LaneState, LeaseView, Outcome, RunRecord, SchedRecord
+
+#: Deferral reasons that are not gates (the lease, or another heavy lane won the pick).
+NOT_GATES = frozenset({DeferralReason.LEASE_HELD, DeferralReason.BACKPRESSURE})
+#: A simulation that needs more decisions than this is stopped (a modelling error, not a run).
+MAX_DECISIONS = 5_000_000
+#: Float tolerance for "this instant is on the poll grid".
+_EPS = 1e-9
+
+_ARRIVAL, _STEP, _FAIL, _LIGHT_END = range(4)
+
+
+@dataclass
+class LaneTrace:
+    """What happened to one lane during a simulation (raw observations for the metrics)."""
+
+    name: str
+    spec: LaneSpec
+    enabled: bool
+    #: Staleness-ratio clock: (origin, start, end) — the ratio is (t - origin) / cadence for t
+    #: in [start, end]; outside all segments it is 0 (a backlog-driven lane with no backlog).
+    segments: list[tuple[float, float, float]] = field(default_factory=list)
+    #: Lengths of the lane's "due but not started" episodes (the last one may be cut by the
+    #: horizon).
+    starvation: list[float] = field(default_factory=list)
+    #: Light lanes: dispatch time minus the time the lane became dispatchable, per dispatch.
+    light_delays: list[float] = field(default_factory=list)
+    #: (start, end, outcome) of every run that ended within the horizon.
+    runs: list[tuple[float, float, str]] = field(default_factory=list)
+    dispatches: int = 0
+    #: Light lanes: ticks at which the lane was ready but a heavy winner took the only slot.
+    falsifier: int = 0
+    falsifier_episodes: int = 0
+    items_done: int = 0
+    final_backlog: int = 0
+
+
+@dataclass
+class SimRun:
+    """The raw result of one simulation: one scenario, one seed, one variant."""
+
+    scenario: Scenario
+    variant: Variant
+    seed: str
+    lanes: dict[str, LaneTrace]
+    #: (lane, start, end) of every lease hold (the last may be cut by the horizon).
+    lease: list[tuple[str, float, float]]
+    drained_at: float | None
+    held_s: float
+    #: Time the lease was free while some heavy lane was due (work-conservation loss).
+    idle_due_s: float
+    falsifier: int
+    falsifier_episodes: int
+    #: Single-winner mode: ready light lanes that waited because another light lane was sent.
+    light_behind_light: int
+    decisions: int
+    deferrals: dict[str, int]
+    expired_gates: int
+
+
+@dataclass
+class _HeavyRun:
+    rt: _Lane
+    task_id: str
+    index: int
+    start: float
+    fence: int
+    pos: int = 0
+    step: int = 0
+    chunk: tuple[int, list[int], list[tuple[int, int]]] | None = None
+
+
+@dataclass
+class _LightRun:
+    rt: _Lane
+    task_id: str
+    index: int
+    start: float
+    snapshot: int
+    failed: bool
+
+
+class _Lane:
+    """The simulator's mutable view of one lane."""
+
+    def __init__(self, model: LaneModel, seed: str, enabled: bool) -> None:
+        self.m = model
+        self.spec = model.spec
+        self.name = model.name
+        self.heavy = model.spec.heavy
+        self.cadence = model.spec.cadence_s
+        self.enabled = enabled
+        self.dur = Durations(model, seed)
+        self.trace = LaneTrace(model.name, model.spec, enabled)
+        # Work: heavy lanes a queue of (item id, producer count it needs); light lanes a
+        # version counter bumped by their feeders and the version their last run saw.
+        self.pool: list[tuple[int, int]] = [(i, 0) for i in range(model.backlog)]
+        if model.blocked is not None:
+            b = model.blocked
+            blocked = [(model.backlog + k, b.per_item * (k + 1)) for k in range(b.count)]
+            self.pool = blocked + self.pool
+        self.next_id = len(self.pool)
+        self.producer: _Lane | None = None
+        self.done = 0
+        self.version = 0
+        self.seen = 0
+        self.fed = False
+        # Records as the project stores them.
+        last = None if model.last_run_ago_s is None else -float(model.last_run_ago_s)
+        self.run = RunRecord() if last is None else RunRecord(
+            last_run_at=last, last_outcome=Outcome.COMPLETED, runs=1)
+        self.sched = SchedRecord()
+        self._state: LaneState | None = None
+        self.started = 0
+        # Metric bookkeeping.
+        self.backlog_since: float | None = 0.0 if self.has_backlog() else None
+        self.due_since: float | None = None
+        self.gated = False
+        self.gate_clear: float | None = None
+        self.fals_flag = False
+        self.origin: float | None = None
+        self.seg_start = 0.0
+        if not self.spec.backlog_driven or self.has_backlog():
+            self.origin = self._origin_at(0.0)
+
+    # -- records ------------------------------------------------------------------------------
+    def state(self) -> LaneState:
+        if self._state is None:
+            self._state = LaneState(run=self.run, sched=self.sched)
+        return self._state
+
+    def set_run(self, run: RunRecord) -> None:
+        self.run = run
+        self._state = None
+
+    def set_sched(self, sched: SchedRecord) -> None:
+        self.sched = sched
+        self._state = None
+
+    # -- work -----------------------------------------------------------------------------------
+    def has_backlog(self) -> bool:
+        return bool(self.pool) if self.heavy else self.version != self.seen
+
+    def probe(self) -> int:
+        return len(self.pool) if self.heavy else int(self.version != self.seen)
+
+    @property
+    def probed(self) -> bool:
+        """Does the lane have a due-check hook reporting its backlog? (Heavy lanes: always,
+        their queue; light lanes: when something feeds them.)"""
+        return self.heavy or self.fed
+
+    # -- staleness clock ------------------------------------------------------------------------
+    def _origin_at(self, t: float) -> float:
+        """Where the ratio counts from when the clock (re)starts at ``t``: the last run's end,
+        but at most one cadence back (a lane older than that starts the clock as just due)."""
+        last = self.run.last_run_at
+        floor = t - self.cadence
+        return floor if last is None else max(last, floor)
+
+    def close_segment(self, t: float) -> None:
+        if self.origin is not None and t > self.seg_start:
+            self.trace.segments.append((self.origin, self.seg_start, t))
+        self.seg_start = t
+
+    def backlog_changed(self, t: float) -> None:
+        has = self.has_backlog()
+        if has and self.backlog_since is None:
+            self.backlog_since = t
+        elif not has:
+            self.backlog_since = None
+        if self.spec.backlog_driven:
+            if has and self.origin is None:
+                self.seg_start = t
+                self.origin = self._origin_at(t)
+            elif not has and self.origin is not None:
+                self.close_segment(t)
+                self.origin = None
+
+    def run_ended(self, t: float) -> None:
+        """The last run ended at ``t`` (``run.last_run_at`` already says so)."""
+        self.close_segment(t)
+        if self.spec.backlog_driven and not self.has_backlog():
+            self.origin = None
+        else:
+            self.origin = t
+        self.backlog_changed(t)
+
+    def onset(self, t: float) -> float:
+        """When the lane's current "due" began (exactly, from the model), for a lane that a
+        decision at ``t`` found due and idle."""
+        run, spec = self.run, self.spec
+        last = run.last_run_at
+        candidates: list[float] = []
+        if self.backlog_since is not None:
+            candidates.append(self.backlog_since)
+        if not spec.backlog_driven:
+            candidates.append(-math.inf if last is None else last + self.cadence)
+        if (spec.retry_after_failure_s is not None and last is not None
+                and run.last_outcome is Outcome.FAILED):
+            candidates.append(last + spec.retry_after_failure_s)
+        valid = [c for c in candidates if c <= t + _EPS]
+        start = min(valid) if valid else t
+        if last is not None:
+            start = max(start, last)
+        return max(0.0, start)
+
+
+class Simulation:
+    """One simulation; :meth:`run` returns the :class:`SimRun`."""
+
+    def __init__(self, scenario: Scenario, variant: Variant, seed: int | str = 1) -> None:
+        self.s = scenario
+        self.v = variant
+        self.seed = str(seed)
+        self.rts = [_Lane(m, self.seed, enabled_under(scenario.profile, m.spec.deployment))
+                     for m in scenario.lanes]
+        self.by_name = {rt.name: rt for rt in self.rts}
+        for rt in self.rts:
+            for target in rt.m.feeds:
+                self.by_name[target].fed = True
+            if rt.m.blocked is not None:
+                rt.producer = self.by_name[rt.m.blocked.producer]
+        self.specs = scenario.specs
+        self.enabled = [rt for rt in self.rts if rt.enabled]
+        self.probed = [rt for rt in self.rts if rt.probed]
+        self.lease: LeaseView | None = None
+        self.lease_start = 0.0
+        self.fence = 0
+        self.heap: list[tuple[float, int, int, Any]] = []
+        self.seq = 0
+        # Beat's loop.
+        self.last_decision = 0.0
+        self.first_change: float | None = None
+        self.next_due = math.inf
+        self.trigger: float | None = None
+        # Observations.
+        self.decisions = 0
+        self.drained_at: float | None = None
+        self.held_s = 0.0
+        self.idle_due_s = 0.0
+        self.lease_free_since = 0.0
+        self.lease_log: list[tuple[str, float, float]] = []
+        self.falsifier = 0
+        self.falsifier_episodes = 0
+        self.light_behind_light = 0
+        self.deferrals: dict[str, int] = {}
+        self.expired_gates = 0
+        #: Arrivals not yet happened: the system is not idle while more work is on its way.
+        self.arrivals_left = len(scenario.arrivals)
+        for a in scenario.arrivals:
+            self._push(a.at_s, _ARRIVAL, a)
+
+    # -- event queue ----------------------------------------------------------------------------
+    def _push(self, t: float, kind: int, obj: Any) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, self.seq, kind, obj))
+
+    def _changed(self, t: float) -> None:
+        if self.first_change is None:
+            self.first_change = t
+
+    def _grid(self, c: float) -> float:
+        """The first poll at or after ``c`` on the grid that starts at the last decision."""
+        td = self.last_decision
+        k = max(1, math.ceil((c - td) / self.s.tick_s - _EPS))
+        return td + k * self.s.tick_s
+
+    def _next_poll(self) -> float:
+        t = self.next_due
+        if self.first_change is not None:
+            t = min(t, self._grid(self.first_change))
+        if self.trigger is not None:
+            t = min(t, self._grid(self.trigger))
+        return t
+
+    # -- main loop ------------------------------------------------------------------------------
+    def run(self) -> SimRun:
+        horizon = self.s.horizon_s
+        self._decide(0.0)
+        while True:
+            t_ev = self.heap[0][0] if self.heap else math.inf
+            t_poll = self._next_poll()
+            if min(t_ev, t_poll) > horizon:
+                break
+            if t_ev <= t_poll:
+                wake = False
+                while self.heap and self.heap[0][0] == t_ev:
+                    _, _, kind, obj = heapq.heappop(self.heap)
+                    wake |= self._handle(kind, obj, t_ev)
+                if wake and self.s.wake_on_release:
+                    self._decide(t_ev)
+            else:
+                self._decide(t_poll)
+            if self.decisions > MAX_DECISIONS:
+                raise SimError(f"scenario {self.s.name!r}: more than {MAX_DECISIONS} decisions; "
+                               f"shorten the horizon or lengthen the tick")
+        self._finalize(horizon)
+        return SimRun(
+            scenario=self.s, variant=self.v, seed=self.seed,
+            lanes={rt.name: rt.trace for rt in self.rts}, lease=self.lease_log,
+            drained_at=self.drained_at, held_s=self.held_s, idle_due_s=self.idle_due_s,
+            falsifier=self.falsifier, falsifier_episodes=self.falsifier_episodes,
+            light_behind_light=self.light_behind_light, decisions=self.decisions,
+            deferrals=dict(sorted(self.deferrals.items())), expired_gates=self.expired_gates,
+        )
+
+    def _handle(self, kind: int, obj: Any, t: float) -> bool:
+        """Apply one event; True if it wakes beat (a run ended)."""
+        if kind == _ARRIVAL:
+            self._arrive(obj, t)
+            return False
+        if kind == _STEP:
+            return self._step(obj, t)
+        if kind == _FAIL:
+            self._end_heavy(obj, t, Outcome.FAILED)
+            return True
+        self._end_light(obj, t)
+        return True
+
+    def _arrive(self, a: Arrival, t: float) -> None:
+        self.arrivals_left -= 1
+        rt = self.by_name[a.lane]
+        rt.pool.extend((rt.next_id + i, 0) for i in range(a.items))
+        rt.next_id += a.items
+        rt.backlog_changed(t)
+        self._changed(t)
+
+    # -- decisions ------------------------------------------------------------------------------
+    def _states(self) -> dict[str, LaneState]:
+        return {rt.name: rt.state() for rt in self.rts}
+
+    def _observe_due(self, decision: Decision, t: float) -> None:
+        for name, view in decision.views.items():
+            rt = self.by_name[name]
+            if view.in_flight:
+                continue
+            if view.due:
+                if rt.due_since is None:
+                    rt.due_since = rt.onset(t)
+            elif rt.due_since is not None:  # stopped being due without running
+                rt.trace.starvation.append(t - rt.due_since)
+                rt.due_since = None
+
+    def _idle(self, decision: Decision) -> bool:
+        if self.lease is not None or self.arrivals_left:
+            return False
+        if any(v.due for v in decision.views.values() if v.spec.heavy):
+            return False
+        return not any(rt.has_backlog() for rt in self.enabled)
+
+    def _decide(self, t: float, observe_only: bool = False) -> Decision:
+        states = self._states()
+        probes = {rt.name: rt.probe() for rt in self.probed}
+        decision = decide(self.specs, states, self.lease, t, self.s.profile, probes=probes,
+                          policy=self.v.policy)
+        self.decisions += 1
+        self._observe_due(decision, t)
+        if observe_only:
+            return decision
+        if self.drained_at is None and self._idle(decision):
+            self.drained_at = t
+        self._track_gates(decision, t)
+        chosen = self._choose(decision)
+        sends = {n: Send(n, f"{n}#{self.by_name[n].started}", t + defaults.START_DEADLINE_S)
+                 for n in chosen}
+        changes, news = sched_changes(decision, states, sends, t)
+        for name, rec in changes.items():
+            self.by_name[name].set_sched(rec)
+        for d in news:
+            self.deferrals[d.reason.value] = self.deferrals.get(d.reason.value, 0) + 1
+        self.expired_gates += len(decision.expired_gates)
+        for name in chosen:
+            rt = self.by_name[name]
+            if rt.heavy:
+                self._start_heavy(rt, sends[name].task_id, t)
+            else:
+                self._start_light(rt, sends[name].task_id, t)
+        wait = seconds_until_next_due(decision.views, states, t)
+        self.next_due = math.inf if wait is None else t + max(wait, 1e-6)
+        self.last_decision = t
+        self.first_change = t if chosen else None
+        self.trigger = self._triggers(t)
+        return decision
+
+    def _track_gates(self, decision: Decision, t: float) -> None:
+        """When did a light lane's gate stop deferring it? (For the dispatch delay.)"""
+        expired = dict(decision.expired_gates)
+        for name in decision.also_dispatched:
+            rt = self.by_name[name]
+            if not rt.gated:
+                continue
+            rt.gated = False
+            old = rt.sched.deferral
+            gate = expired.get(name)
+            if gate is not None and gate.max_defer_s is not None and old is not None:
+                rt.gate_clear = old.behind_blocker_since + gate.max_defer_s
+            else:
+                # Gates change only when state changes: the first change since the last
+                # decision bounds the moment it cleared from below (exact when changes are
+                # more than a tick apart).
+                rt.gate_clear = self.first_change if self.first_change is not None else t
+        for d in decision.deferred:
+            rt = self.by_name[d.lane]
+            if not rt.heavy and d.reason not in NOT_GATES:
+                rt.gated = True
+
+    def _choose(self, decision: Decision) -> list[str]:
+        """Which lanes this decision sends: all of ``dispatched`` with the second pass, else
+        the single winner of the old one-winner-per-poll rule."""
+        if self.v.second_pass:
+            return list(decision.dispatched)
+        if decision.winner is not None:
+            for name in decision.also_dispatched:
+                rt = self.by_name[name]
+                rt.trace.falsifier += 1
+                self.falsifier += 1
+                if not rt.fals_flag:
+                    rt.fals_flag = True
+                    rt.trace.falsifier_episodes += 1
+                    self.falsifier_episodes += 1
+            return [decision.winner]
+        if decision.also_dispatched:
+            best = pick((decision.views[n] for n in decision.also_dispatched), self.v.policy)
+            assert best is not None
+            self.light_behind_light += len(decision.also_dispatched) - 1
+            return [best.name]
+        return []
+
+    def _triggers(self, t: float) -> float | None:
+        """The next instant a poll would see something new without any state change: a
+        gate's ``max_defer_s`` running out, or a failed lane's retry falling due."""
+        best: float | None = None
+        for rt in self.enabled:
+            d = rt.sched.deferral
+            if d is not None:
+                for gate in rt.spec.gates:
+                    if gate.max_defer_s is not None and gate.blocker == d.blocker:
+                        at = d.behind_blocker_since + gate.max_defer_s
+                        if at > t and (best is None or at < best):
+                            best = at
+            run, spec = rt.run, rt.spec
+            if (spec.retry_after_failure_s is not None and run.last_run_at is not None
+                    and run.last_outcome is Outcome.FAILED):
+                at = run.last_run_at + spec.retry_after_failure_s
+                if at > t and (best is None or at < best):
+                    best = at
+        return best
+
+    # -- heavy runs -----------------------------------------------------------------------------
+    def _dispatched(self, rt: _Lane, t: float) -> None:
+        rt.trace.dispatches += 1
+        if rt.due_since is not None:
+            rt.trace.starvation.append(t - rt.due_since)
+
+    def _start_heavy(self, rt: _Lane, task_id: str, t: float) -> None:
+        # Work conservation: how long the lease sat free while some heavy lane was due.
+        dues = [x.due_since for x in self.enabled if x.heavy and x.due_since is not None]
+        if dues:
+            self.idle_due_s += max(0.0, t - max(self.lease_free_since, min(dues)))
+        self._dispatched(rt, t)
+        rt.due_since = None
+        self.fence += 1
+        self.lease = LeaseView(lane=rt.name, token=f"sim-{self.fence}", fence=self.fence,
+                               granted_at=t, started_at=t, task_id=task_id)
+        self.lease_start = t
+        bound = defaults.LEASE_TTL_S + defaults.HEAVY_TIME_LIMIT_S
+        rt.set_run(replace(rt.run, running_task_id=task_id, running_since=t,
+                           running_until=t + bound, fence=max(rt.run.fence, self.fence)))
+        run = _HeavyRun(rt, task_id, rt.started, t, self.fence)
+        rt.started += 1
+        self._schedule_step(run, t, rt.dur.run(run.index))
+
+    def _schedule_step(self, run: _HeavyRun, t: float, duration: float) -> None:
+        if run.rt.dur.fails(run.index, run.step):
+            self._push(t + duration / 2, _FAIL, run)
+        else:
+            self._push(t + duration, _STEP, run)
+
+    def _step(self, run: _HeavyRun, t: float) -> bool:
+        """A step of a heavy run ended: apply its batch, then go on, yield or finish."""
+        rt = run.rt
+        if run.chunk is not None:
+            self._apply_chunk(run, t)
+        if run.pos >= len(rt.pool):
+            self._end_heavy(run, t, Outcome.COMPLETED)
+            return True
+        if t - run.start >= self.s.hold_cap_s:  # should_yield() before the next batch
+            self._end_heavy(run, t, Outcome.YIELDED)
+            return True
+        chunk = rt.pool[run.pos:run.pos + rt.m.batch]
+        have = rt.producer.done if rt.producer is not None else 0
+        done: list[int] = []
+        skipped: list[tuple[int, int]] = []
+        duration = 0.0
+        for item in chunk:
+            if item[1] <= have:
+                done.append(item[0])
+                duration += rt.dur.item(item[0])
+            else:
+                skipped.append(item)
+                duration += rt.m.skip_s
+        run.chunk = (len(chunk), done, skipped)
+        run.step += 1
+        self._schedule_step(run, t, duration)
+        return False
+
+    def _apply_chunk(self, run: _HeavyRun, t: float) -> None:
+        rt = run.rt
+        assert run.chunk is not None
+        size, done, skipped = run.chunk
+        run.chunk = None
+        rt.pool[run.pos:run.pos + size] = skipped
+        run.pos += len(skipped)
+        rt.done += len(done)
+        rt.trace.items_done += len(done)
+        if done:
+            for target in rt.m.feeds:
+                other = self.by_name[target]
+                if other.heavy:
+                    other.pool.extend((other.next_id + i, 0) for i in range(len(done)))
+                    other.next_id += len(done)
+                else:
+                    other.version += 1
+                other.backlog_changed(t)
+        rt.backlog_changed(t)
+        self._changed(t)
+
+    def _end_heavy(self, run: _HeavyRun, t: float, outcome: Outcome) -> None:
+        rt = run.rt
+        failed = outcome is Outcome.FAILED
+        if outcome is Outcome.YIELDED and not rt.pool:
+            outcome = Outcome.COMPLETED
+        before = rt.run
+        # As LaneTask._record writes it; a failed run never reported its backlog.
+        rt.set_run(RunRecord(
+            last_run_at=t, last_outcome=outcome,
+            last_reason="hold-cap" if outcome is Outcome.YIELDED else
+            ("sim: step failed" if failed else None),
+            failing_since=(before.failing_since or t) if failed else None,
+            last_task_id=run.task_id, backlog=0 if failed else len(rt.pool),
+            runs=before.runs + 1, failures=before.failures + failed, fence=run.fence))
+        rt.trace.runs.append((run.start, t, outcome.value))
+        rt.run_ended(t)
+        self.lease = None
+        self.held_s += t - run.start
+        self.lease_log.append((rt.name, run.start, t))
+        self.lease_free_since = t
+        self._changed(t)
+
+    # -- light runs -----------------------------------------------------------------------------
+    def _start_light(self, rt: _Lane, task_id: str, t: float) -> None:
+        eligible = rt.due_since if rt.due_since is not None else t
+        if rt.gate_clear is not None:
+            eligible = max(eligible, rt.gate_clear)
+        delay = t - eligible
+        # Below a microsecond is float noise (a lane falls due exactly when beat polls).
+        rt.trace.light_delays.append(delay if delay > 1e-5 else 0.0)
+        rt.gate_clear = None
+        rt.fals_flag = False
+        self._dispatched(rt, t)
+        rt.due_since = None
+        rt.set_run(replace(rt.run, running_task_id=task_id, running_since=t,
+                           running_until=t + defaults.LIGHT_TIME_LIMIT_S))
+        index = rt.started
+        rt.started += 1
+        failed = rt.dur.fails(index, 0)
+        duration = rt.dur.run(index)
+        self._push(t + (duration / 2 if failed else duration), _LIGHT_END,
+                   _LightRun(rt, task_id, index, t, rt.version, failed))
+
+    def _end_light(self, run: _LightRun, t: float) -> None:
+        rt = run.rt
+        outcome = Outcome.FAILED if run.failed else Outcome.COMPLETED
+        if not run.failed:
+            rt.seen = run.snapshot
+        before = rt.run
+        rt.set_run(RunRecord(
+            last_run_at=t, last_outcome=outcome,
+            last_reason="sim: run failed" if run.failed else None,
+            failing_since=(before.failing_since or t) if run.failed else None,
+            last_task_id=run.task_id, backlog=0, runs=before.runs + 1,
+            failures=before.failures + run.failed, fence=before.fence))
+        rt.trace.runs.append((run.start, t, outcome.value))
+        rt.run_ended(t)
+        self._changed(t)
+
+    # -- the end --------------------------------------------------------------------------------
+    def _finalize(self, horizon: float) -> None:
+        self._decide(horizon, observe_only=True)
+        for rt in self.rts:
+            if rt.due_since is not None:
+                rt.trace.starvation.append(horizon - rt.due_since)
+            rt.close_segment(horizon)
+            rt.trace.final_backlog = rt.probe()
+        if self.lease is not None:
+            self.held_s += horizon - self.lease_start
+            self.lease_log.append((self.lease.lane, self.lease_start, horizon))
+        else:
+            dues = [x.due_since for x in self.enabled if x.heavy and x.due_since is not None]
+            if dues:
+                self.idle_due_s += max(0.0, horizon - max(self.lease_free_since, min(dues)))
+
+
+def simulate(scenario: Scenario, variant: Variant, seed: int | str = 1) -> SimRun:
+    """Run one scenario under one variant. Deterministic for a given seed."""
+    return Simulation(scenario, variant, seed).run()
+
+
+def run_many(scenario: Scenario, variants: tuple[Variant, ...], seed: int | str = 1
+             ) -> Mapping[str, SimRun]:
+    """The same scenario and seed under every variant, by label."""
+    return {v.label: simulate(scenario, v, seed) for v in variants}
+
+
+__all__ = ["LaneTrace", "SimRun", "Simulation", "run_many", "simulate"]
