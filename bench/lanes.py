@@ -1,0 +1,122 @@
+"""Lanes for the live benchmarks (``SCHEDPROJ_LANE_MODULES=bench.lanes``).
+
+``BENCH_SCENARIO`` selects the lane set; ``BENCH_*`` variables size it. Every run appends what
+it saw to the Redis list ``<prefix>:bench:runs`` (one JSON object per run, timestamps from the
+worker's clock), which outlives the processes:
+
+* ``handoff``: ``BENCH_HEAVY`` heavy lanes that are always due (a waiting backlog), each run
+  sleeping ``BENCH_HEAVY_RUN_S``; the hand-off gap is the next run's start minus this run's end.
+* ``light-delay``: ``BENCH_HEAVY`` heavy lanes holding the lease (runs of ``BENCH_HEAVY_RUN_S``)
+  and ``BENCH_LIGHT`` light lanes with cadences from ``BENCH_LIGHT_CADENCE_S`` up; a light run
+  records when it fell due (its previous run's end plus its cadence), when beat dispatched it
+  and when it started.
+* ``throughput``: ``BENCH_LIGHT`` light lanes that are always due; each run bumps the counter
+  ``<prefix>:bench:done``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import redis
+from celery import shared_task
+
+from schedproj import Lane, LaneKind, LaneTask
+from schedproj.keys import Keys, run_field, sched_field
+
+SCENARIO = os.environ.get("BENCH_SCENARIO", "handoff")
+PREFIX = os.environ.get("SCHEDPROJ_KEY_PREFIX", "schedproj")
+HEAVY = int(os.environ.get("BENCH_HEAVY", "3"))
+HEAVY_RUN_S = float(os.environ.get("BENCH_HEAVY_RUN_S", "0.02"))
+LIGHT = int(os.environ.get("BENCH_LIGHT", "5"))
+LIGHT_CADENCE_S = float(os.environ.get("BENCH_LIGHT_CADENCE_S", "0.5"))
+#: Cadence of lanes that should always be due: far below any run's length.
+ALWAYS_DUE_S = 0.001
+
+RUNS_KEY = f"{PREFIX}:bench:runs"
+DONE_KEY = f"{PREFIX}:bench:done"
+KEYS = Keys(PREFIX)
+
+_client: redis.Redis | None = None
+
+
+def client() -> redis.Redis:
+    global _client
+    if _client is None:
+        _client = redis.Redis.from_url(os.environ["SCHEDPROJ_REDIS_URL"],
+                                       decode_responses=True)
+    return _client
+
+
+def light_cadence(i: int) -> float:
+    """Light lane ``i``'s cadence in the light-delay scenario: staggered, so they fall due
+    at different moments."""
+    return LIGHT_CADENCE_S * (1.0 + 0.5 * i)
+
+
+def heavy_names() -> list[str]:
+    return [f"bench.heavy{i}" for i in range(HEAVY)]
+
+
+def light_names() -> list[str]:
+    return [f"bench.light{i}" for i in range(LIGHT)]
+
+
+def _record(entry: dict[str, Any]) -> None:
+    client().rpush(RUNS_KEY, json.dumps(entry))
+
+
+def _field(raw: Any, name: str) -> Any:
+    return None if raw is None else json.loads(raw).get(name)
+
+
+def heavy_body(task: LaneTask, lane: str) -> None:
+    start = time.time()
+    time.sleep(HEAVY_RUN_S)
+    _record({"lane": lane, "kind": "heavy", "start": start, "end": time.time(),
+             "fence": task.fence})
+
+
+def light_delay_body(lane: str, cadence_s: float) -> None:
+    start = time.time()
+    # This run's own record still holds the previous run's end; beat's record holds the
+    # dispatch of this message (written before it was sent, never while it is in flight).
+    last_run_at = _field(client().hget(KEYS.lanes, run_field(lane)), "last_run_at")
+    dispatched = _field(client().hget(KEYS.lanes, sched_field(lane)), "last_dispatch_at")
+    _record({"lane": lane, "kind": "light", "start": start, "dispatch": dispatched,
+             "due": None if last_run_at is None else last_run_at + cadence_s})
+
+
+def _declare_heavy(name: str) -> None:
+    @shared_task(base=LaneTask, bind=True, name=name,
+                 lane=Lane(cadence_s=ALWAYS_DUE_S, kind=LaneKind.HEAVY))
+    def heavy(self: LaneTask) -> None:
+        heavy_body(self, name)
+
+
+def _declare_light_delay(name: str, cadence_s: float) -> None:
+    @shared_task(base=LaneTask, bind=True, name=name,
+                 lane=Lane(cadence_s=cadence_s, kind=LaneKind.LIGHT))
+    def light(self: LaneTask) -> None:
+        light_delay_body(name, cadence_s)
+
+
+def _declare_throughput(name: str) -> None:
+    @shared_task(base=LaneTask, bind=True, name=name,
+                 lane=Lane(cadence_s=ALWAYS_DUE_S, kind=LaneKind.LIGHT))
+    def light(self: LaneTask) -> None:
+        client().incr(DONE_KEY)
+
+
+if SCENARIO in ("handoff", "light-delay"):
+    for _name in heavy_names():
+        _declare_heavy(_name)
+if SCENARIO == "light-delay":
+    for _i, _name in enumerate(light_names()):
+        _declare_light_delay(_name, light_cadence(_i))
+if SCENARIO == "throughput":
+    for _name in light_names():
+        _declare_throughput(_name)

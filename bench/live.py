@@ -1,0 +1,251 @@
+"""Live scenarios: real ``celery beat`` and ``celery worker`` processes on a private Redis.
+
+Each scenario starts from an empty database and its own processes, and stops them afterwards.
+All timestamps a figure subtracts come from the same clock (one machine).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from bench.cluster import Cluster, process_cpu_seconds, redis_server_pid, scenario_env, wait_for
+from bench.stats import ratio, summary
+from schedproj import defaults
+
+PREFIX = "bench"
+RUNS_KEY = f"{PREFIX}:bench:runs"
+DONE_KEY = f"{PREFIX}:bench:done"
+
+
+@dataclass(frozen=True)
+class LiveOptions:
+    """Sizes and timings of the live scenarios (``smoke()`` shrinks them)."""
+
+    handoff_samples_on: int = 200
+    handoff_samples_off: int = 20
+    handoff_lanes: int = 3
+    handoff_run_s: float = 0.02
+    #: Beat's loop interval in every live scenario: SCHEDPROJ_BEAT_MAX_LOOP_INTERVAL_S.
+    interval_s: float = defaults.BEAT_MAX_LOOP_INTERVAL_S
+    light_delay_s: float = 30.0
+    light_lanes: int = 5
+    light_cadence_s: float = 0.5
+    light_heavy_run_s: float = 1.0
+    light_concurrency: int = 2
+    throughput_lanes: int = 20
+    throughput_concurrency: int = 1
+    throughput_warmup_s: float = 3.0
+    throughput_window_s: float = 15.0
+    warmup_runs: int = 2
+    blpop_samples: int = 12
+
+    @classmethod
+    def smoke(cls) -> LiveOptions:
+        return cls(handoff_samples_on=5, handoff_samples_off=2, interval_s=0.5,
+                   light_delay_s=3.0, light_heavy_run_s=0.3, throughput_warmup_s=0.5,
+                   throughput_window_s=2.0, warmup_runs=1, blpop_samples=4)
+
+
+@contextmanager
+def fresh(url: str, scenario: str, extra: dict[str, str]) -> Iterator[tuple[Cluster,
+                                                                             redis.Redis]]:
+    """An empty database and a cluster for ``scenario``; everything stopped afterwards."""
+    client = redis.Redis.from_url(url, decode_responses=True)
+    client.flushdb()
+    with tempfile.TemporaryDirectory(prefix=f"bench-{scenario}-") as tmp, \
+            Cluster(scenario_env(url, scenario, PREFIX, extra), Path(tmp)) as cluster:
+        yield cluster, client
+    client.close()
+
+
+def runs(client: redis.Redis) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in client.lrange(RUNS_KEY, 0, -1)]
+
+
+def heavy_runs(client: redis.Redis) -> list[dict[str, Any]]:
+    return sorted((r for r in runs(client) if r["kind"] == "heavy"), key=lambda r: r["start"])
+
+
+# -- lease hand-off gap -------------------------------------------------------------------------
+
+def handoff(url: str, opts: LiveOptions, *, wake: bool) -> dict[str, Any]:
+    """Heavy runs back to back while a backlog waits: next start minus previous end."""
+    samples = opts.handoff_samples_on if wake else opts.handoff_samples_off
+    extra = {
+        "SCHEDPROJ_WAKE_ON_RELEASE": "true" if wake else "false",
+        "SCHEDPROJ_BEAT_MAX_LOOP_INTERVAL_S": str(opts.interval_s),
+        "BENCH_HEAVY": str(opts.handoff_lanes),
+        "BENCH_HEAVY_RUN_S": str(opts.handoff_run_s),
+    }
+    wanted = samples + opts.warmup_runs + 1
+    budget = 60 + wanted * (opts.interval_s + opts.handoff_run_s) * 2
+    with fresh(url, "handoff", extra) as (cluster, client):
+        cluster.worker("heavy", defaults.HEAVY_QUEUE, 1)
+        cluster.fair_beat()
+        def enough() -> bool:
+            cluster.check_alive()  # a process that died fails the scenario now, not at timeout
+            return int(client.llen(RUNS_KEY)) >= wanted
+
+        wait_for(enough, budget, f"{wanted} heavy runs")
+        done = heavy_runs(client)
+    kept = done[opts.warmup_runs:]
+    gaps = [b["start"] - a["end"] for a, b in itertools.pairwise(kept)]
+    fences = [r["fence"] for r in kept]
+    return {
+        "wake_on_release": wake,
+        "loop_interval_s": opts.interval_s,
+        "heavy_lanes": opts.handoff_lanes,
+        "run_s": opts.handoff_run_s,
+        "gap_ms": summary(gaps, 1000.0),
+        "gap_samples_ms": [round(g * 1000.0, 3) for g in gaps],
+        "overlaps": sum(1 for g in gaps if g < 0),
+        "fences_increase": all(b > a for a, b in itertools.pairwise(fences)),
+    }
+
+
+def handoff_section(url: str, opts: LiveOptions) -> dict[str, Any]:
+    on = handoff(url, opts, wake=True)
+    off = handoff(url, opts, wake=False)
+    med_on, p99_on = on["gap_ms"]["median"], on["gap_ms"]["p99"]
+    return {
+        "wake_on": on,
+        "wake_off": off,
+        "median_ratio_off_over_on": ratio(off["gap_ms"]["median"], med_on, 1),
+        "goals": {
+            "median_under_50ms": med_on is not None and med_on < 50.0,
+            "p99_under_250ms": p99_on is not None and p99_on < 250.0,
+        },
+    }
+
+
+# -- light dispatch delay while a heavy lane holds the lease --------------------------------------
+
+def light_delay(url: str, opts: LiveOptions, *, heavy: bool) -> dict[str, Any]:
+    extra = {
+        "SCHEDPROJ_BEAT_MAX_LOOP_INTERVAL_S": str(opts.interval_s),
+        "BENCH_HEAVY": "2" if heavy else "0",
+        "BENCH_HEAVY_RUN_S": str(opts.light_heavy_run_s),
+        "BENCH_LIGHT": str(opts.light_lanes),
+        "BENCH_LIGHT_CADENCE_S": str(opts.light_cadence_s),
+    }
+    with fresh(url, "light-delay", extra) as (cluster, client):
+        if heavy:
+            cluster.worker("heavy", defaults.HEAVY_QUEUE, 1)
+        cluster.worker("light", defaults.LIGHT_QUEUE, opts.light_concurrency)
+        cluster.fair_beat()
+        begin = time.time()
+        time.sleep(opts.light_delay_s)
+        cluster.check_alive()
+        end = time.time()
+        seen = runs(client)
+    # Samples from the first second are start-up (the first runs have no previous run).
+    window_start = begin + 1.0
+    light = [r for r in seen if r["kind"] == "light" and r["due"] is not None
+             and r["dispatch"] is not None and r["dispatch"] >= window_start]
+    heavy_iv = [(r["start"], r["end"]) for r in seen if r["kind"] == "heavy"]
+
+    def under_heavy(t: float) -> bool:
+        return any(s <= t <= e for s, e in heavy_iv)
+
+    during = [r for r in light if under_heavy(r["dispatch"])]
+    covered = sum(max(0.0, min(e, end) - max(s, window_start)) for s, e in heavy_iv)
+    return {
+        "heavy_holding_lease": heavy,
+        "loop_interval_s": opts.interval_s,
+        "light_lanes": opts.light_lanes,
+        "lease_busy_fraction": round(covered / max(1e-9, end - window_start), 3),
+        "dispatch_delay_ms": summary([r["dispatch"] - r["due"] for r in light], 1000.0),
+        "dispatch_delay_samples_ms": [round((r["dispatch"] - r["due"]) * 1000.0, 3)
+                                      for r in light],
+        "start_delay_ms": summary([r["start"] - r["due"] for r in light], 1000.0),
+        "dispatch_delay_while_heavy_ran_ms": summary(
+            [r["dispatch"] - r["due"] for r in during], 1000.0),
+    }
+
+
+def blpop_overshoot(url: str, samples: int) -> dict[str, Any]:
+    """How late Redis ends a BLPOP that times out (beat's sleep until the next lane is due):
+    the server checks blocked clients' timeouts on its own clock (``hz``)."""
+    client = redis.Redis.from_url(url, decode_responses=True)
+    client.flushdb()
+    late = []
+    for i in range(samples):
+        timeout = 0.01 + 0.29 * i / max(1, samples - 1)
+        start = time.perf_counter()
+        client.blpop(["bench:nothing"], timeout=timeout)
+        late.append(time.perf_counter() - start - timeout)
+    hz = client.config_get("hz").get("hz")
+    client.close()
+    return {"server_hz": None if hz is None else int(hz),
+            "overshoot_ms": summary(late, 1000.0)}
+
+
+def light_delay_section(url: str, opts: LiveOptions) -> dict[str, Any]:
+    held = light_delay(url, opts, heavy=True)
+    alone = light_delay(url, opts, heavy=False)
+    p99 = held["dispatch_delay_ms"]["p99"]
+    return {
+        "heavy_running": held,
+        "no_heavy_lanes": alone,
+        "blpop_timeout": blpop_overshoot(url, opts.blpop_samples),
+        "median_ratio_heavy_over_none": ratio(held["dispatch_delay_ms"]["median"],
+                                              alone["dispatch_delay_ms"]["median"]),
+        "goals": {"p99_within_one_tick": p99 is not None and p99 <= opts.interval_s * 1000},
+    }
+
+
+# -- light-path throughput ------------------------------------------------------------
+
+def throughput(url: str, opts: LiveOptions, *, bare: bool) -> dict[str, Any]:
+    extra = {
+        "SCHEDPROJ_BEAT_MAX_LOOP_INTERVAL_S": str(opts.interval_s),
+        "BENCH_LIGHT": str(opts.throughput_lanes),
+    }
+    with fresh(url, "throughput", extra) as (cluster, client):
+        worker = cluster.worker("light", defaults.LIGHT_QUEUE, opts.throughput_concurrency)
+        beat = cluster.bare_beat() if bare else cluster.fair_beat()
+        time.sleep(opts.throughput_warmup_s)
+        c0, t0 = int(client.get(DONE_KEY) or 0), time.monotonic()
+        server = redis_server_pid(url)
+
+        def cpu() -> tuple[float, float, float]:
+            return (beat.cpu_seconds(), worker.cpu_seconds(),
+                    process_cpu_seconds(server) if server else 0.0)
+
+        cpu0 = cpu()
+        time.sleep(opts.throughput_window_s)
+        c1, t1 = int(client.get(DONE_KEY) or 0), time.monotonic()
+        cpu1 = cpu()
+        queued = client.llen(defaults.LIGHT_QUEUE)
+        cluster.check_alive()
+    return {
+        "scheduler": "celery PersistentScheduler (bare beat)" if bare else "fair",
+        "light_lanes": opts.throughput_lanes,
+        "worker_concurrency": opts.throughput_concurrency,
+        "window_s": round(t1 - t0, 2),
+        "runs": c1 - c0,
+        "runs_per_s": round((c1 - c0) / (t1 - t0), 1),
+        "queued_at_end": queued,
+        # CPU seconds per wall second in the window (the machine has os.cpu_count() cores).
+        "beat_cpu": round((cpu1[0] - cpu0[0]) / (t1 - t0), 2),
+        "worker_cpu": round((cpu1[1] - cpu0[1]) / (t1 - t0), 2),
+        "redis_cpu": round((cpu1[2] - cpu0[2]) / (t1 - t0), 2) if server else None,
+        "beat_cpu_ms_per_run": round((cpu1[0] - cpu0[0]) * 1000 / max(1, c1 - c0), 2),
+    }
+
+
+def throughput_section(url: str, opts: LiveOptions) -> dict[str, Any]:
+    fair = throughput(url, opts, bare=False)
+    bare = throughput(url, opts, bare=True)
+    return {"fair": fair, "bare_beat": bare,
+            "ratio_fair_over_bare": ratio(fair["runs_per_s"], bare["runs_per_s"])}

@@ -1,0 +1,239 @@
+"""Run the live benchmarks: ``python -m bench.run`` (``--smoke`` for CI's short run).
+
+Starts a private ``redis-server`` on a free loopback port (never a shared Redis), runs each
+section with real Celery processes or, for tick cost, one process per scheduler and size, and
+writes every figure as JSON (``--json``) and as Markdown tables (``--markdown``, also printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from bench import live, plot, report
+from bench.cluster import ROOT
+from bench.stats import ratio
+from schedproj.embedded import private_redis
+
+SECTIONS = ("handoff", "tick", "light_delay", "throughput")
+SCHEDULERS = ("fair", "redbeat", "persistent")
+
+
+def say(message: str) -> None:
+    sys.stderr.write(f"[bench {time.strftime('%H:%M:%S')}] {message}\n")
+    sys.stderr.flush()
+
+
+# -- the machine ---------------------------------------------------------------------------------
+
+def _first(path: str, key: str) -> str:
+    try:
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(key):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _command(*argv: str) -> str:
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=10, cwd=ROOT)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return out.stdout.strip() or "unknown"
+
+
+def machine() -> dict[str, Any]:
+    dirty = _command("git", "status", "--porcelain", "--", "schedproj")
+    return {
+        "cpu": _first("/proc/cpuinfo", "model name"),
+        "cores": os.cpu_count(),
+        "memory": _first("/proc/meminfo", "MemTotal"),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "redis_server": _command("redis-server", "--version"),
+        "packages": {p: _version(p) for p in ("celery", "kombu", "redis", "celery-redbeat")},
+        "commit": _command("git", "rev-parse", "--short", "HEAD"),
+        "schedproj_modified": dirty not in ("", "unknown"),
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+# -- tick cost -----------------------------------------------------------------------------------
+
+def tickcost_one(url: str, scheduler: str, lanes: int, *, smoke: bool,
+                 profile: bool) -> dict[str, Any]:
+    reps = 5 if smoke else 30
+    due_reps = 1 if smoke else (5 if lanes <= 1000 else 3)
+    if scheduler == "persistent" and lanes > 1000:
+        due_reps = 1  # one full pass takes minutes at 10,000 entries
+    argv = [sys.executable, "-m", "bench.tickcost", "--scheduler", scheduler, "--lanes",
+            str(lanes), "--redis", url, "--reps", str(reps), "--due-reps", str(due_reps)]
+    if profile:
+        argv.append("--profile")
+    out = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"bench.tickcost {scheduler} {lanes} failed:\n{out.stderr[-4000:]}")
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def tick_section(url: str, lane_counts: list[int], smoke: bool) -> dict[str, Any]:
+    by_size: dict[str, dict[str, Any]] = {}
+    for lanes in lane_counts:
+        row: dict[str, Any] = {}
+        for scheduler in SCHEDULERS:
+            say(f"tick cost: {scheduler} with {lanes} entries")
+            row[scheduler] = tickcost_one(url, scheduler, lanes, smoke=smoke,
+                                          profile=scheduler == "fair" and lanes == max(
+                                              lane_counts))
+        row["ratios"] = tick_ratios(row)
+        by_size[str(lanes)] = row
+    return {"lanes": by_size, "goals": tick_goals(by_size)}
+
+
+def _get(d: dict[str, Any], *path: str) -> Any:
+    for key in path:
+        if not isinstance(d, dict) or key not in d:
+            return None
+        d = d[key]
+    return d
+
+
+def tick_ratios(row: dict[str, Any]) -> dict[str, Any]:
+    fair, rb, ps = row["fair"], row["redbeat"], row["persistent"]
+    return {
+        "idle_fair_over_redbeat": ratio(_get(fair, "idle", "ms", "median"),
+                                        _get(rb, "idle", "ms", "median")),
+        "idle_fair_over_persistent": ratio(_get(fair, "idle", "ms", "median"),
+                                           _get(ps, "idle", "ms", "median")),
+        "per_entry_fair_over_redbeat": ratio(
+            _get(fair, "dispatch", "per_entry_ms", "median"),
+            _get(rb, "dispatch", "per_entry_ms", "median")),
+        "per_entry_fair_over_persistent": ratio(
+            _get(fair, "dispatch", "per_entry_ms", "median"),
+            _get(ps, "dispatch", "per_entry_ms", "median")),
+        "memory_fair_over_redbeat": ratio(_get(fair, "memory", "delta_mib"),
+                                          _get(rb, "memory", "delta_mib")),
+        "memory_fair_over_persistent": ratio(_get(fair, "memory", "delta_mib"),
+                                             _get(ps, "memory", "delta_mib")),
+    }
+
+
+def tick_goals(by_size: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    largest = by_size[max(by_size, key=int)]
+    rts = {kind: sorted({_get(row["fair"], *path, "round_trips", "median")
+                         for row in by_size.values()})
+           for kind, path in (("idle", ("idle",)), ("rank", ("rank", "rank_tick")),
+                              ("held", ("rank", "held_tick")))}
+    # Undetermined with a single lane count.
+    constant = all(len(v) == 1 for v in rts.values()) if len(by_size) > 1 else None
+    idle_ratio = largest["ratios"]["idle_fair_over_redbeat"]
+    rank_ms = _get(largest["fair"], "rank", "rank_tick", "ms", "median")
+    per_entry = largest["ratios"]["per_entry_fair_over_redbeat"]
+    return {
+        "at_lanes": int(max(by_size, key=int)),
+        "round_trips_per_tick_by_lane_count": rts,
+        "constant_round_trips": constant,
+        "idle_within_2x_redbeat": None if idle_ratio is None else idle_ratio <= 2.0,
+        "rank_tick_under_50ms": None if rank_ms is None else rank_ms < 50.0,
+        "light_dispatch_no_slower_than_redbeat": None if per_entry is None
+        else per_entry <= 1.0,
+    }
+
+
+# -- main ------------------------------------------------------------------------------------------
+
+def run_sections(url: str, sections: list[str], lanes: list[int], smoke: bool,
+                 opts: live.LiveOptions) -> dict[str, Any]:
+    steps: dict[str, Callable[[], dict[str, Any]]] = {
+        "handoff": lambda: live.handoff_section(url, opts),
+        "tick": lambda: tick_section(url, lanes, smoke),
+        "light_delay": lambda: live.light_delay_section(url, opts),
+        "throughput": lambda: live.throughput_section(url, opts),
+    }
+    out: dict[str, Any] = {}
+    for name in sections:
+        say(f"section {name}")
+        start = time.monotonic()
+        out[name] = steps[name]()
+        out[name]["elapsed_s"] = round(time.monotonic() - start, 1)
+    return out
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny counts and short windows (CI): figures are produced, not "
+                             "meaningful")
+    parser.add_argument("--sections", default=",".join(SECTIONS),
+                        help=f"comma-separated subset of {','.join(SECTIONS)}")
+    parser.add_argument("--lanes", default=None,
+                        help="declared lane counts for tick cost (default 100,1000,10000; "
+                             "smoke 20,100)")
+    parser.add_argument("--interval", type=float, default=None,
+                        help="beat loop interval in the live scenarios (default 3 s, smoke "
+                             "0.5 s): SCHEDPROJ_BEAT_MAX_LOOP_INTERVAL_S")
+    parser.add_argument("--json", dest="json_path", default=None, help="write results here")
+    parser.add_argument("--markdown", default=None, help="write the tables here")
+    parser.add_argument("--plots", default=None,
+                        help="write PNG plots to this directory (needs matplotlib)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    sections = [s.strip().replace("-", "_") for s in args.sections.split(",") if s.strip()]
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown:
+        sys.stderr.write(f"unknown sections {unknown}; choose from {list(SECTIONS)}\n")
+        return 2
+    lanes = [int(x) for x in (args.lanes or ("20,100" if args.smoke else
+                                             "100,1000,10000")).split(",")]
+    opts = live.LiveOptions.smoke() if args.smoke else live.LiveOptions()
+    if args.interval is not None:
+        opts = live.LiveOptions(**{**opts.__dict__, "interval_s": args.interval})
+    started = time.monotonic()
+    results: dict[str, Any] = {
+        "smoke": args.smoke,
+        "machine": machine(),
+        "command": "python -m bench.run " + " ".join(argv if argv is not None
+                                                      else sys.argv[1:]),
+        "live_options": opts.__dict__,
+    }
+    with private_redis() as url:
+        say(f"private Redis at {url}")
+        results["sections"] = run_sections(url, sections, lanes, args.smoke, opts)
+    results["elapsed_s"] = round(time.monotonic() - started, 1)
+    results["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    if args.plots:
+        results["plots"] = [str(p) for p in plot.plot(results, args.plots)]
+    text = report.markdown(results)
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps(results, indent=2) + "\n")
+    if args.markdown:
+        Path(args.markdown).write_text(text)
+    sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,441 @@
+"""Tick cost, Redis round trips per tick and beat memory, in one process per scheduler and size.
+
+``python -m bench.tickcost --scheduler fair|redbeat|persistent --lanes N --redis URL`` prints
+one JSON object. Every scheduler holds the same N entries (cadence one hour); its sends are
+replaced by a no-op that keeps the scheduler's own bookkeeping (Celery's ``apply_async`` minus
+building and publishing the message: ``reserve`` when it advances, the sync counter), so only
+scheduler work is timed. Logging stays at WARNING for all three.
+
+Scenarios, in this order (memory is read after the idle ticks, before any large dispatch):
+
+* ``idle``: every entry ran just now, nothing is due; the tick returns its sleep instead of
+  blocking (FairScheduler with ``wake_on_release=False``).
+* ``rank`` (FairScheduler only): N heavy lanes, all due with different staleness ratios, lease
+  free. One cycle = the tick that ranks them and grants the lease, then the tick that finds the
+  lease held (all N-1 deferred), then the run ends (lease deleted).
+* ``dispatch``: N light lanes (FairScheduler) or N entries (the peers), all due; the time to
+  dispatch all of them (FairScheduler and celery-redbeat: one tick; PersistentScheduler sends
+  one entry per tick, so as many ticks as entries), and that time per entry.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import json
+import logging
+import pstats
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from types import MethodType, SimpleNamespace
+from typing import Any
+
+import celery.beat
+import redis
+from celery import Celery
+
+from bench.rtt import RoundTrips
+from bench.stats import summary
+from schedproj import Lane, LaneKind, LaneTask, Settings, configure_app
+from schedproj.keys import Keys
+from schedproj.scheduler import FairScheduler
+from schedproj.state import Outcome, RunRecord, SchedRecord, encode
+from schedproj.store import parse_states
+
+try:  # optional peer
+    import redbeat.schedulers as redbeat_schedulers
+except ImportError:  # pragma: no cover - reported as skipped
+    redbeat_schedulers = None
+
+#: Every entry's cadence: an hour, so "idle" stays idle for the whole measurement.
+CADENCE_S = 3600.0
+#: Beat's loop interval for all three (FairScheduler's default).
+LOOP_INTERVAL_S = 3.0
+
+ROUND_TRIPS = RoundTrips()
+
+
+def lane_name(i: int) -> str:
+    return f"bench.lane{i:05d}"
+
+
+def proc_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def mib(kib: int) -> float:
+    return round(kib / 1024.0, 1)
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, int, Any]:
+    """(seconds, Redis round trips, result) of one call."""
+    with ROUND_TRIPS.measure() as n:
+        start = time.perf_counter()
+        result = fn()
+        elapsed = time.perf_counter() - start
+    return elapsed, n[0], result
+
+
+def noop_sends(sched: Any) -> list[int]:
+    """Replace the scheduler's sends by a no-op that keeps its bookkeeping; count them."""
+    sent = [0]
+    _ = sched.producer  # connect to the broker now, outside the timing (sends need it)
+
+    def apply_async(self: Any, entry: Any, producer: Any = None, advance: bool = True,
+                    **kwargs: Any) -> None:
+        if advance:
+            entry = self.reserve(entry)
+        sent[0] += 1
+        self._tasks_since_sync += 1
+        if self.should_sync():
+            self._do_sync()
+
+    sched.apply_async = MethodType(apply_async, sched)
+    return sent
+
+
+def profiled(fn: Callable[[], Any], top: int = 12) -> list[dict[str, Any]]:
+    """Run ``fn`` once under cProfile: its costliest schedproj functions (cumulative time,
+    calls), and the Redis commands it sent. cProfile slows the run; compare rows, not totals."""
+    prof = cProfile.Profile()
+    prof.enable()
+    fn()
+    prof.disable()
+    stats = pstats.Stats(prof)
+    rows = []
+    for (path, line, func), (_cc, calls, tottime, cumtime, _callers) in \
+            stats.stats.items():  # type: ignore[attr-defined]
+        where = path.replace("\\", "/")
+        if "/schedproj/" in where and not (where.endswith("scheduler.py") and func == "tick"):
+            name = "schedproj/" + where.split("/schedproj/", 1)[1]
+        elif where.endswith("redis/connection.py") and func == "send_packed_command":
+            name = "redis/connection.py"
+        else:
+            continue
+        rows.append({"function": f"{name}:{func}", "line": line, "calls": calls,
+                     "tottime_ms": round(tottime * 1000, 1),
+                     "cumtime_ms": round(cumtime * 1000, 1)})
+    rows.sort(key=lambda r: -r["cumtime_ms"])
+    return rows[:top]
+
+
+def tick_stats(samples: list[tuple[float, int]]) -> dict[str, Any]:
+    return {"ms": summary([s for s, _ in samples], 1000.0),
+            "round_trips": summary([float(n) for _, n in samples], 1.0, 1)}
+
+
+# -- FairScheduler --------------------------------------------------------------------------
+
+def fair_app(url: str, prefix: str, n: int, kind: Callable[[int], LaneKind]) -> Celery:
+    settings = Settings.load(broker_url=url, redis_url=url, key_prefix=prefix,
+                             wake_on_release=False, beat_max_loop_interval_s=LOOP_INTERVAL_S)
+    app = Celery(f"bench-{prefix}", set_as_current=False)
+    configure_app(app, settings)
+    for i in range(n):
+        def body() -> None:
+            return None
+
+        app.task(shared=False, base=LaneTask, name=lane_name(i),
+                 lane=Lane(cadence_s=CADENCE_S, kind=kind(i)))(body)
+    # Build the task classes now (Celery does it lazily, when beat first reads the registry),
+    # so the memory of declaring N lanes is counted as such, not as the scheduler's.
+    assert len(app.tasks) >= n
+    return app
+
+
+def fair_idle_state(client: redis.Redis, keys: Keys, n: int, now: float) -> None:
+    """Every lane ran just now and its message was the one beat sent: nothing is due."""
+    mapping: dict[str, str] = {}
+    for i in range(n):
+        task_id = str(uuid.uuid4())
+        mapping[f"{lane_name(i)}|run"] = encode(RunRecord(
+            last_run_at=now, last_outcome=Outcome.COMPLETED, last_task_id=task_id, runs=1))
+        mapping[f"{lane_name(i)}|sched"] = encode(SchedRecord(
+            inflight_task_id=task_id, inflight_deadline=now + 60, last_dispatch_at=now - 1,
+            dispatches=1))
+    write_hash(client, keys.lanes, mapping)
+
+
+def write_hash(client: redis.Redis, key: str, mapping: dict[str, str]) -> None:
+    items = list(mapping.items())
+    pipe = client.pipeline(transaction=False)
+    for start in range(0, len(items), 1000):
+        pipe.hset(key, mapping=dict(items[start:start + 1000]))
+    pipe.execute()
+
+
+def fair_scheduler(app: Celery) -> tuple[FairScheduler, list[int]]:
+    sched = FairScheduler(app=app)
+    return sched, noop_sends(sched)
+
+
+def fair_idle(url: str, n: int, reps: int, result: dict[str, Any],
+              profile: bool) -> FairScheduler:
+    prefix = "tc-fair-idle"
+    client = redis.Redis.from_url(url, decode_responses=True)
+    app = fair_app(url, prefix, n, lambda i: LaneKind.HEAVY if i % 2 == 0 else LaneKind.LIGHT)
+    result["memory"]["app_kib"] = proc_kib("VmRSS")
+    fair_idle_state(client, Keys(prefix), n, time.time())
+    start = time.perf_counter()
+    sched, sent = fair_scheduler(app)
+    result["setup_s"] = round(time.perf_counter() - start, 3)
+    for _ in range(2):
+        sched.tick()  # warm-up: the first tick announces this beat and loads the scripts
+    samples = [timed(sched.tick)[:2] for _ in range(reps)]
+    assert sent[0] == 0, f"an idle tick sent {sent[0]} messages"
+    result["idle"] = tick_stats(samples)
+    if profile:
+        result["profile"] = {"idle": profiled(sched.tick)}
+    return sched
+
+
+def fair_rank(url: str, n: int, reps: int, result: dict[str, Any], profile: bool) -> None:
+    prefix = "tc-fair-rank"
+    client = redis.Redis.from_url(url, decode_responses=True)
+    keys = Keys(prefix)
+    app = fair_app(url, prefix, n, lambda i: LaneKind.HEAVY)
+    now = time.time()
+    # All due, with different staleness ratios (1.0 to 10.6), none ever deferred yet.
+    write_hash(client, keys.lanes, {
+        f"{lane_name(i)}|run": encode(RunRecord(
+            last_run_at=now - CADENCE_S * (1.0 + (i % 97) / 10.0),
+            last_outcome=Outcome.COMPLETED, runs=1))
+        for i in range(n)})
+    sched, sent = fair_scheduler(app)
+    ranks: list[tuple[float, int]] = []
+    helds: list[tuple[float, int]] = []
+    for cycle in range(reps + 1):
+        before = sent[0]
+        rank = timed(sched.tick)[:2]
+        assert sent[0] == before + 1, "the ranking tick did not send exactly the winner"
+        held = timed(sched.tick)[:2]
+        assert sent[0] == before + 1, "a tick sent while the lease was held"
+        client.delete(keys.lease)  # the heavy run ended
+        if cycle > 0:  # the first cycle also loads the scripts and announces the beat
+            ranks.append(rank)
+            helds.append(held)
+    result["rank"] = {"rank_tick": tick_stats(ranks), "held_tick": tick_stats(helds)}
+    if profile:
+        result["profile"]["rank"] = profiled(sched.tick)
+        result["profile"]["held"] = profiled(sched.tick)
+    sched.close()
+
+
+def fair_complete_all(client: redis.Redis, keys: Keys, due_at: float) -> None:
+    """Every dispatched light run finished long enough ago to be due again."""
+    raw: dict[str, str] = client.hgetall(keys.lanes)  # type: ignore[assignment]
+    states, errors = parse_states(raw, keys.lanes)
+    assert not errors, errors
+    mapping = {}
+    for lane, state in states.items():
+        mapping[f"{lane}|run"] = encode(RunRecord(
+            last_run_at=due_at, last_outcome=Outcome.COMPLETED,
+            last_task_id=state.sched.inflight_task_id, runs=state.run.runs + 1))
+    write_hash(client, keys.lanes, mapping)
+
+
+def fair_dispatch(url: str, n: int, reps: int, result: dict[str, Any],
+                  profile: bool) -> None:
+    prefix = "tc-fair-light"
+    client = redis.Redis.from_url(url, decode_responses=True)
+    keys = Keys(prefix)
+    app = fair_app(url, prefix, n, lambda i: LaneKind.LIGHT)
+    sched, sent = fair_scheduler(app)
+    samples: list[tuple[float, int]] = []
+    for cycle in range(reps + 1):
+        fair_complete_all(client, keys, time.time() - 2 * CADENCE_S)
+        before = sent[0]
+        sample = timed(sched.tick)[:2]
+        assert sent[0] - before == n, f"dispatched {sent[0] - before} of {n} due light lanes"
+        if cycle > 0:
+            samples.append(sample)
+    result["dispatch"] = dispatch_stats(samples, n, ticks=1)
+    if profile:
+        fair_complete_all(client, keys, time.time() - 2 * CADENCE_S)
+        result["profile"]["dispatch"] = profiled(sched.tick)
+    sched.close()
+
+
+def dispatch_stats(samples: list[tuple[float, int]], n: int, ticks: int,
+                   complete: bool = True) -> dict[str, Any]:
+    total = [s for s, _ in samples]
+    return {
+        "entries": n,
+        "ticks": ticks,
+        "complete": complete,
+        "total_ms": summary(total, 1000.0),
+        "per_entry_ms": summary([t / n for t in total], 1000.0, 4),
+        "round_trips": summary([float(r) for _, r in samples], 1.0, 1),
+        "round_trips_per_entry": summary([r / n for _, r in samples], 1.0, 2),
+    }
+
+
+def run_fair(url: str, n: int, reps: int, due_reps: int, result: dict[str, Any],
+             profile: bool = False) -> None:
+    sched = fair_idle(url, n, reps, result, profile)
+    read_memory(result)
+    sched.close()
+    fair_rank(url, n, due_reps, result, profile)
+    fair_dispatch(url, n, due_reps, result, profile)
+
+
+# -- celery-redbeat ---------------------------------------------------------------------------
+
+def peer_app(url: str, name: str, n: int) -> Celery:
+    app = Celery(name, set_as_current=False, broker=url)
+    app.conf.beat_max_loop_interval = LOOP_INTERVAL_S
+    app.conf.beat_schedule = {
+        lane_name(i): {"task": lane_name(i), "schedule": timedelta(seconds=CADENCE_S)}
+        for i in range(n)}
+    return app
+
+
+def redbeat_reset(sched: Any, client: redis.Redis, n: int, last_run_at: datetime,
+                  score: float) -> None:
+    """Set every entry's last run and its place in the schedule (outside the timing)."""
+    conf = sched.app.redbeat_conf
+    meta = json.dumps({"last_run_at": last_run_at}, cls=redbeat_schedulers.RedBeatJSONEncoder)
+    pipe = client.pipeline(transaction=False)
+    for i in range(n):
+        key = redbeat_schedulers.RedBeatSchedulerEntry.generate_key(sched.app, lane_name(i))
+        pipe.hset(key, "meta", meta)
+        pipe.zadd(conf.schedule_key, {key: score})
+    pipe.execute()
+
+
+def run_redbeat(url: str, n: int, reps: int, due_reps: int, result: dict[str, Any]) -> None:
+    if redbeat_schedulers is None:
+        result["skipped"] = "celery-redbeat is not installed (pip install celery-redbeat)"
+        return
+    client = redis.Redis.from_url(url, decode_responses=True)
+    app = peer_app(url, "bench-redbeat", n)
+    app.conf.redbeat_redis_url = url
+    app.conf.redbeat_key_prefix = "tc-redbeat:"
+    result["memory"]["app_kib"] = proc_kib("VmRSS")
+    start = time.perf_counter()
+    sched = redbeat_schedulers.RedBeatScheduler(app=app)
+    result["setup_s"] = round(time.perf_counter() - start, 3)
+    # What `celery beat` does at start (beat_init): take redbeat's lock, extended every tick.
+    redbeat_schedulers.acquire_distributed_beat_lock(sender=SimpleNamespace(scheduler=sched))
+    sent = noop_sends(sched)
+    now = datetime.now(UTC)
+    redbeat_reset(sched, client, n, now, now.timestamp() + CADENCE_S)
+    for _ in range(2):
+        sched.tick()
+    samples = [timed(sched.tick)[:2] for _ in range(reps)]
+    assert sent[0] == 0, f"an idle tick sent {sent[0]} messages"
+    result["idle"] = tick_stats(samples)
+    read_memory(result)
+    due: list[tuple[float, int]] = []
+    for cycle in range(due_reps + 1):
+        redbeat_reset(sched, client, n, datetime.now(UTC) - timedelta(seconds=2 * CADENCE_S),
+                      0.0)
+        before = sent[0]
+        sample = timed(sched.tick)[:2]
+        assert sent[0] - before == n, f"dispatched {sent[0] - before} of {n} due entries"
+        if cycle > 0:
+            due.append(sample)
+    result["dispatch"] = dispatch_stats(due, n, ticks=1)
+    sched.close()
+
+
+# -- Celery's PersistentScheduler ---------------------------------------------------------------
+
+def run_persistent(url: str, n: int, reps: int, due_reps: int, budget_s: float,
+                   result: dict[str, Any]) -> None:
+    app = peer_app(url, "bench-persistent", n)
+    result["memory"]["app_kib"] = proc_kib("VmRSS")
+    with tempfile.TemporaryDirectory(prefix="bench-beat-") as tmp:
+        start = time.perf_counter()
+        sched = celery.beat.PersistentScheduler(
+            app=app, schedule_filename=str(Path(tmp) / "celerybeat-schedule"))
+        result["setup_s"] = round(time.perf_counter() - start, 3)
+        sent = noop_sends(sched)
+        for _ in range(2):
+            sched.tick()  # the first tick builds the heap
+        samples = [timed(sched.tick)[:2] for _ in range(reps)]
+        assert sent[0] == 0, f"an idle tick sent {sent[0]} messages"
+        result["idle"] = tick_stats(samples)
+        read_memory(result)
+        due: list[tuple[float, int]] = []
+        ticks = 0
+        complete = True
+        for _ in range(due_reps):
+            old = app.now() - timedelta(seconds=2 * CADENCE_S)
+            for entry in sched.schedule.values():
+                entry.last_run_at = old
+            sched._heap = None  # rebuilt on the next tick, as after any schedule change
+            before = sent[0]
+            ticks = 0
+            with ROUND_TRIPS.measure() as rts:
+                begin = time.perf_counter()
+                while sent[0] - before < n:
+                    sched.tick()
+                    ticks += 1
+                    if time.perf_counter() - begin > budget_s:
+                        complete = False
+                        break
+                elapsed = time.perf_counter() - begin
+            done = sent[0] - before
+            # Out of budget: extrapolate linearly (each tick costs the same, one send each).
+            due.append((elapsed * n / max(1, done), rts[0]))
+            if not complete:
+                result["dispatch_note"] = (f"stopped after {elapsed:.0f}s with {done} of {n} "
+                                           "sent; total extrapolated linearly")
+                break
+        result["dispatch"] = dispatch_stats(due, n, ticks=ticks, complete=complete)
+        sched.close()
+
+
+# -- main -----------------------------------------------------------------------------------------
+
+def read_memory(result: dict[str, Any]) -> None:
+    gc.collect()
+    mem = result["memory"]
+    rss = proc_kib("VmRSS")
+    mem["rss_mib"] = mib(rss)
+    mem["baseline_mib"] = mib(mem["baseline_kib"])
+    mem["declare_mib"] = mib(mem["app_kib"] - mem["baseline_kib"])
+    mem["scheduler_mib"] = mib(rss - mem["app_kib"])
+    mem["delta_mib"] = mib(rss - mem["baseline_kib"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scheduler", required=True, choices=["fair", "redbeat", "persistent"])
+    parser.add_argument("--lanes", type=int, required=True)
+    parser.add_argument("--redis", required=True)
+    parser.add_argument("--reps", type=int, default=30, help="idle ticks timed")
+    parser.add_argument("--due-reps", type=int, default=5, help="due cycles timed")
+    parser.add_argument("--profile", action="store_true",
+                        help="FairScheduler: also profile one tick of each scenario")
+    parser.add_argument("--budget", type=float, default=180.0,
+                        help="seconds PersistentScheduler may take to send all due entries")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    redis.Redis.from_url(args.redis).flushdb()
+    ROUND_TRIPS.install()
+    result: dict[str, Any] = {"scheduler": args.scheduler, "lanes": args.lanes,
+                              "memory": {"baseline_kib": proc_kib("VmRSS")}}
+    if args.scheduler == "fair":
+        run_fair(args.redis, args.lanes, args.reps, args.due_reps, result, args.profile)
+    elif args.scheduler == "redbeat":
+        run_redbeat(args.redis, args.lanes, args.reps, args.due_reps, result)
+    else:
+        run_persistent(args.redis, args.lanes, args.reps, args.due_reps, args.budget, result)
+    result["memory"]["peak_rss_mib"] = mib(proc_kib("VmHWM"))
+    sys.stdout.write(json.dumps(result) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
