@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from schedproj.lanes import DeferralReason
 from schedproj.pipeline import Decision
 from schedproj.state import Deferral, LaneState, SchedRecord
 
@@ -16,6 +17,18 @@ class Send:
     lane: str
     task_id: str
     deadline: float
+
+
+#: Waiting for the heavy lease: losing the pick to X, then X holding the lease, is one wait.
+LEASE_WAITS = frozenset({DeferralReason.LEASE_HELD, DeferralReason.BACKPRESSURE})
+
+
+def same_wait(old: Deferral | None, new: Deferral) -> bool:
+    """A heavy lane's reason flips between lost-the-pick and lease-held on every hand-off to
+    the same blocker; rewriting (and re-logging) every waiting lane each time would make a
+    tick's writes grow with the lane count for no new information."""
+    return (old is not None and old.blocker == new.blocker and old.since == new.since
+            and old.reason in LEASE_WAITS and new.reason in LEASE_WAITS)
 
 
 def sched_changes(
@@ -40,6 +53,8 @@ def sched_changes(
                                     dispatches=old.dispatches + 1, deferral=None)
         elif lane in deferred:
             new = deferred[lane]
+            if same_wait(old.deferral, new):
+                continue
             if old.deferral != new:
                 changes[lane] = replace(old, deferral=new)
                 if (old.deferral is None or old.deferral.reason != new.reason

@@ -23,10 +23,15 @@ class LaneSet:
     options: Mapping[str, Lane]
 
     def spec(self, name: str) -> LaneSpec:
-        for s in self.specs:
-            if s.name == name:
-                return s
-        raise KeyError(name)
+        return self._by_name[name]
+
+    @property
+    def _by_name(self) -> dict[str, LaneSpec]:
+        index = self.__dict__.get("_index")
+        if index is None:  # frozen dataclass: cache the index by hand, once
+            index = {s.name: s for s in self.specs}
+            object.__setattr__(self, "_index", index)
+        return index
 
     @property
     def names(self) -> tuple[str, ...]:

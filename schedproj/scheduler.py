@@ -14,6 +14,7 @@ import os
 import socket
 import time
 import uuid
+from collections import Counter
 from datetime import timedelta
 from typing import Any
 
@@ -228,15 +229,20 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
             self._go_standby("beat lock lost before recording the dispatch")
             return False
         self._log_deferrals(news, decision)
-        for deferral in news:
-            self.rt.store.count(f"deferrals|{deferral.reason.value}")
+        self.rt.store.count_many(Counter(f"deferrals|{d.reason.value}" for d in news))
+        sent = []
         for lane, send in sends.items():
             kwargs = grant_kwargs if lane == decision.winner else {}
-            self._send(lane, send, kwargs, lease_token if lane == decision.winner else "")
+            if self._send(lane, send, kwargs, lease_token if lane == decision.winner else ""):
+                sent.append({"lane": lane, "task": send.task_id, "t": time.time(),
+                             "beat": self.token[:8],
+                             "fence": kwargs.get(LEASE_KWARG, {}).get("fence", 0)})
+        self.rt.store.log_many(self.rt.keys.dispatch_log, sent)
         self.rt.store.done_forcing([lane for lane in sends if lane in snap.forced])
         return True
 
-    def _send(self, lane: str, send: Send, kwargs: dict[str, Any], lease_token: str) -> None:
+    def _send(self, lane: str, send: Send, kwargs: dict[str, Any], lease_token: str) -> bool:
+        """Send one lane's message; on failure undo its grant. True if it left."""
         assert self.rt is not None and self.lanes is not None
         spec = self.lanes.spec(lane)
         entry = ScheduleEntry(
@@ -248,15 +254,13 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         self._send_failures.discard(lane)
         self.apply_entry(entry, producer=self.producer)
         if lane not in self._send_failures:
-            self.rt.store.log(self.rt.keys.dispatch_log, {
-                "lane": lane, "task": send.task_id, "t": time.time(), "beat": self.token[:8],
-                "fence": kwargs.get(LEASE_KWARG, {}).get("fence", 0)})
-            return
+            return True
         # The message never left: undo the grant so nothing waits for it.
         logger.error("lane %s: send failed; lease released and lane left due", lane)
         if lease_token:
             self.rt.lease.release(lease_token)
         self.rt.store.clear_inflight(self.token, lane)
+        return False
 
     def _log_deferrals(self, news: list[Deferral], decision: Decision) -> None:
         for d in news:

@@ -7,7 +7,7 @@ workers write only ``<lane>|run`` fields, atomically with the lease release.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -43,25 +43,45 @@ class Snapshot:
     forced: frozenset[str] = frozenset()
 
 
-def parse_states(raw: Mapping[str, str], hash_key: str) -> tuple[dict[str, LaneState],
-                                                                  dict[str, str]]:
-    """Decode the lanes hash. A malformed field marks its lane unreadable (reported, skipped)."""
+def parse_states(raw: Mapping[str, str], hash_key: str,
+                 memo: dict[tuple[str, str], Any] | None = None,
+                 ) -> tuple[dict[str, LaneState], dict[str, str]]:
+    """Decode the lanes hash. A malformed field marks its lane unreadable (reported, skipped).
+
+    ``memo`` maps (field, raw value) to its decoded record across calls: most records do not
+    change between two ticks, and decoding thousands of them every tick dominated its cost.
+    It is rebuilt to hold exactly this call's fields, so it never grows past the lane count.
+    """
     runs: dict[str, RunRecord] = {}
     scheds: dict[str, SchedRecord] = {}
     errors: dict[str, str] = {}
+    previous = dict(memo) if memo is not None else {}
+    if memo is not None:
+        memo.clear()
     for fld, value in raw.items():
+        known = previous.get((fld, value))
+        if known is not None:
+            lane = fld.rpartition("|")[0]
+            (runs if isinstance(known, RunRecord) else scheds)[lane] = known
+            if memo is not None:
+                memo[(fld, value)] = known
+            continue
         lane, sep, part = fld.rpartition("|")
         where = f"{hash_key} field {fld!r}"
         if not sep or part not in ("run", "sched"):
             errors[fld] = f"unexpected field {fld!r} in {hash_key}"
             continue
         try:
+            record: RunRecord | SchedRecord
             if part == "run":
-                runs[lane] = decode(RunRecord, value, where)
+                record = runs[lane] = decode(RunRecord, value, where)
             else:
-                scheds[lane] = decode(SchedRecord, value, where)
+                record = scheds[lane] = decode(SchedRecord, value, where)
         except StateError as exc:
             errors[lane] = str(exc)
+            continue
+        if memo is not None:
+            memo[(fld, value)] = record
     states = {
         lane: LaneState(run=runs.get(lane, RunRecord()), sched=scheds.get(lane, SchedRecord()))
         for lane in set(runs) | set(scheds)
@@ -78,6 +98,7 @@ class LaneStore:
         self.client = client
         self.keys = keys
         self.audit_client = audit_client or client
+        self._decoded: dict[tuple[str, str], Any] = {}
         self._lock = scripts.register(client, "beat_lock")
         self._unlock = scripts.register(client, "beat_unlock")
         self._guarded_hset = scripts.register(client, "guarded_hset")
@@ -95,7 +116,7 @@ class LaneStore:
         ok, value, event = lock_reply
         lock = (LockStatus(held=True, fence=int(value), event=str(event)) if int(ok) == 1
                 else LockStatus(held=False, holder=str(value), event=str(event)))
-        states, errors = parse_states(raw_states, self.keys.lanes)
+        states, errors = parse_states(raw_states, self.keys.lanes, self._decoded)
         try:
             lease = parse_lease(raw_lease, self.keys.lease)
         except StateError as exc:
@@ -182,9 +203,24 @@ class LaneStore:
 
     def log(self, key: str, entry: Mapping[str, Any]) -> None:
         """Append to a bounded audit list (the journal or the dispatch log)."""
+        self.log_many(key, [entry])
+
+    def log_many(self, key: str, entries: Sequence[Mapping[str, Any]]) -> None:
+        """Append several entries in one round trip."""
+        if not entries:
+            return
         pipe = self.audit_client.pipeline(transaction=False)
-        pipe.rpush(key, json.dumps(entry, separators=(",", ":")))
+        pipe.rpush(key, *(json.dumps(e, separators=(",", ":")) for e in entries))
         pipe.ltrim(key, -defaults.AUDIT_LOG_LEN, -1)
+        pipe.execute()
+
+    def count_many(self, amounts: Mapping[str, int]) -> None:
+        """Bump several durable counters in one round trip."""
+        if not amounts:
+            return
+        pipe = self.client.pipeline(transaction=False)
+        for name, amount in amounts.items():
+            pipe.hincrby(self.keys.counters, name, amount)
         pipe.execute()
 
     def count(self, name: str, amount: int = 1) -> None:

@@ -80,7 +80,9 @@ def test_one_tick_sends_heavy_winner_and_light_lanes(key_prefix: str, broker: re
     sched.tick()  # lease held, light in flight: nothing more is sent
     assert len(sent(broker, "heavy")) == 1 and len(sent(broker, "light")) == 1
     b = json.loads(redis_client.hget(keys.lanes, "t.heavy-b|sched"))
-    assert b["deferral"]["reason"] == "heavy-maintenance-lease-held"
+    # Lost the pick to heavy-a, now waiting for heavy-a's lease: one wait, not rewritten.
+    assert b["deferral"]["reason"] == "heavy-maintenance-backpressure"
+    assert b["deferral"]["blocker"] == "t.heavy-a"
     assert b["deferral"]["since"] == since, "the deferral streak start slid"
     sched.close()
 
