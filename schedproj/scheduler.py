@@ -45,6 +45,11 @@ REDIS_RETRY_S = 1.0
 class FairScheduler(Scheduler):  # type: ignore[misc]
     """Staleness-ratio fair scheduler with one heavy lease and same-tick light dispatch."""
 
+    #: celery-redbeat, when merely installed, connects a global beat_init handler that reads
+    #: ``scheduler.lock_key`` of whatever scheduler runs and logs an AttributeError when it is
+    #: missing. None tells it there is nothing of its own to lock; our lock is in the tick.
+    lock_key = None
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.lanes: LaneSet | None = None
         self.rt: Runtime | None = None
