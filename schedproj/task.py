@@ -92,6 +92,29 @@ class LeaseRenewer(threading.Thread):
             return
 
 
+class RunHeartbeat(threading.Thread):
+    """Keeps a light run's in-flight mark alive while it runs, so a worker killed outright
+    frees its lane within the lease TTL instead of the whole light time limit."""
+
+    def __init__(self, rt: Runtime, ctx: RunContext) -> None:
+        super().__init__(name=f"schedproj-heartbeat-{ctx.lane}", daemon=True)
+        self.rt, self.ctx = rt, ctx
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        ttl = self.rt.settings.lease_ttl_s
+        while not self.stopped.wait(ttl / 3):
+            try:
+                record = self.rt.store.read_run(self.ctx.lane)
+                if record.running_task_id != self.ctx.task_id:
+                    return  # a newer run owns the record
+                self.rt.store.write_run(self.ctx.lane,
+                                        replace(record, running_until=time.time() + ttl))
+            except Exception:  # the mark lapses on its own; the run goes on
+                logger.warning("lane %s: cannot refresh the in-flight mark", self.ctx.lane,
+                               exc_info=True)
+
+
 class LaneTask(Task):  # type: ignore[misc]
     """Base class for lane tasks: ``@app.task(base=LaneTask, lane=Lane(...))``."""
 
@@ -190,7 +213,11 @@ class LaneTask(Task):  # type: ignore[misc]
                          fence=fence)
         before = self._mark_running(rt, ctx, heavy=bool(token))
         self._journal(rt, ctx, "start")
-        renewer = LeaseRenewer(rt, token, ctx) if token else None
+        renewer: LeaseRenewer | RunHeartbeat | None = None
+        if token:
+            renewer = LeaseRenewer(rt, token, ctx)
+        elif before is not None:
+            renewer = RunHeartbeat(rt, ctx)
         if renewer is not None:
             renewer.start()
         reset = _current.set(ctx)
@@ -209,6 +236,8 @@ class LaneTask(Task):  # type: ignore[misc]
             _current.reset(reset)
             if renewer is not None:
                 renewer.stopped.set()
+                # Let a refresh in progress land before the outcome, never after it.
+                renewer.join(timeout=rt.settings.lease_ttl_s)
             if outcome is Outcome.COMPLETED and ctx.yield_seen and (ctx.backlog or 0) > 0:
                 outcome, reason = Outcome.YIELDED, ctx.lost_reason or "hold-cap"
             self._record(rt, ctx, before, outcome, reason, token)
@@ -227,7 +256,9 @@ class LaneTask(Task):  # type: ignore[misc]
         """Record that the run started; None if the stored record is unreadable (then it is
         left untouched, and the outcome is logged instead of recorded)."""
         s = rt.settings
-        bound = s.lease_ttl_s + s.heavy_time_limit_s if heavy else s.light_time_limit_s
+        # A heavy run is in flight while its lease lives; a light run while its heartbeat
+        # keeps this mark fresh (RunHeartbeat), so a killed worker frees the lane in one TTL.
+        bound = s.lease_ttl_s + s.heavy_time_limit_s if heavy else s.lease_ttl_s
         try:
             before = rt.store.read_run(ctx.lane)
         except StateError:

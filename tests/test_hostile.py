@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kombu import Connection, Exchange, Producer
 
-from schedproj import Lane, LaneTask, Settings, configure_app
+from schedproj import Lane, LaneKind, LaneTask, Settings, configure_app
 from schedproj.errors import ConfigurationError, SchedprojError
 from schedproj.keys import Keys
 from schedproj.lanes import Gate
@@ -216,3 +216,60 @@ def test_foreign_messages_run_nothing_and_leave_the_lease(e2e_redis: redis.Redis
         assert heavy.alive() and light.alive()
     finally:
         cluster.stop_all()
+
+
+def test_light_run_in_flight_mark_is_kept_fresh_and_lapses_after_a_kill(
+        key_prefix: str) -> None:
+    """A light run's in-flight mark lives one lease TTL and is refreshed while it runs; if the
+    worker is killed outright the lane is free again within that TTL, not the time limit."""
+    import threading
+
+    from schedproj.state import LaneState, RunRecord, SchedRecord
+    from schedproj.views import is_in_flight
+
+    app = Celery(f"l-{uuid.uuid4().hex[:6]}", set_as_current=False)
+    configure_app(app, Settings.load(redis_url="redis://127.0.0.1:6379/14",
+                                     broker_url="redis://127.0.0.1:6379/13",
+                                     key_prefix=key_prefix, lease_ttl_s=0.9))
+    release = threading.Event()
+
+    @app.task(shared=False, base=LaneTask, name="x.light",
+              lane=Lane(cadence_s=60, kind=LaneKind.LIGHT))
+    def slow_light() -> None:
+        release.wait(10)
+
+    client = connect("redis://127.0.0.1:6379/14")
+    keys = Keys(key_prefix)
+    task = app.tasks["x.light"]
+
+    def run() -> None:
+        task.push_request(id="light-1")
+        try:
+            task()
+        finally:
+            task.pop_request()
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    sched = SchedRecord(inflight_task_id="light-1", inflight_deadline=time.time() + 0.1)
+
+    def state() -> LaneState:
+        raw = client.hget(keys.lanes, "x.light|run")
+        run_rec = RunRecord(**{k: v for k, v in json.loads(raw).items() if k != "v"}) \
+            if raw else RunRecord()
+        return LaneState(run=run_rec, sched=sched)
+
+    wait_for(lambda: state().run.running_task_id == "light-1", 5, "the run to start")
+    time.sleep(2.0)  # more than two TTLs: only the heartbeat keeps it in flight
+    assert is_in_flight(state(), time.time()), "a running light lane looked finished"
+    release.set()
+    runner.join(5)
+    assert not is_in_flight(state(), time.time())
+    assert state().run.last_outcome == "completed" and state().run.runs == 1
+    # A killed worker: the mark is left behind with no heartbeat; it lapses within a TTL.
+    client.hset(keys.lanes, "x.light|run", json.dumps(
+        {"v": 1, "running_task_id": "light-2", "running_since": time.time(),
+         "running_until": time.time() + 0.9}))
+    sched = SchedRecord(inflight_task_id="light-2", inflight_deadline=time.time() - 1)
+    assert is_in_flight(state(), time.time())
+    wait_for(lambda: not is_in_flight(state(), time.time()), 2, "the orphaned mark to lapse")
