@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -13,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from urllib.parse import urlsplit
+
+from schedproj.processes import Spawned, spawn, stop_all
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -89,24 +88,12 @@ def process_cpu_seconds(pid: int) -> float:
 
 
 @dataclass
-class Proc:
-    name: str
-    popen: subprocess.Popen[bytes]
-    log: Path
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
+class Proc(Spawned):
+    """A benchmark process; also reports the CPU time of its session."""
 
     def cpu_seconds(self) -> float:
         """CPU time used so far by this process and its children (its own session)."""
         return cpu_seconds(self.popen.pid)
-
-    def signal(self, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.popen.pid, sig)
 
 
 @dataclass
@@ -125,12 +112,9 @@ class Cluster:
         self.stop_all()
 
     def start(self, name: str, *args: str) -> Proc:
-        log = self.logdir / f"{name}.log"
-        with log.open("wb") as out:
-            popen = subprocess.Popen([sys.executable, "-m", "celery", *args], cwd=ROOT,
-                                     env=self.env, stdout=out, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-        proc = Proc(name, popen, log)
+        started = spawn(name, [sys.executable, "-m", "celery", *args], self.env,
+                        self.logdir / f"{name}.log", cwd=ROOT)
+        proc = Proc(started.name, started.popen, started.log)
         self.procs.append(proc)
         return proc
 
@@ -167,13 +151,4 @@ class Cluster:
                                    f"log:\n{proc.text()[-3000:]}")
 
     def stop_all(self) -> None:
-        for proc in self.procs:
-            if proc.alive():
-                proc.signal(signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for proc in self.procs:
-            try:
-                proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.signal(signal.SIGKILL)
-                proc.popen.wait(timeout=5)
+        stop_all(list(self.procs))

@@ -6,6 +6,7 @@ works here works under a process supervisor or compose too.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO
 
 from schedproj import defaults
@@ -36,6 +38,52 @@ def layout(app: str, *, light_concurrency: int, loglevel: str) -> list[ProcessSp
                               str(light_concurrency), "-n", "light@%h", *common)),
         ProcessSpec("beat", (*celery, "beat", "-S", "fair", "-l", loglevel)),
     ]
+
+
+@dataclass
+class Spawned:
+    """A child started in its own session, so a signal reaches a prefork worker's pool too."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path | None = None
+
+    def text(self) -> str:
+        """What the child has written to its log so far."""
+        if self.log is None or not self.log.exists():
+            return ""
+        return self.log.read_text(errors="replace")
+
+    def signal(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, sig)
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+
+def spawn(name: str, argv: list[str], env: Mapping[str, str], log: Path,
+          cwd: Path | None = None) -> Spawned:
+    """Start ``argv`` in a new session, stdout and stderr to ``log``."""
+    with log.open("wb") as out:
+        popen = subprocess.Popen(argv, env=dict(env), cwd=cwd, stdout=out,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+    return Spawned(name, popen, log)
+
+
+def stop_all(children: list[Spawned], timeout_s: float = 10.0) -> None:
+    """SIGTERM every live child (resuming any that are stopped), then SIGKILL stragglers."""
+    for child in children:
+        if child.alive():
+            child.signal(signal.SIGCONT)
+            child.signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for child in children:
+        try:
+            child.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.signal(signal.SIGKILL)
+            child.popen.wait(timeout=5)
 
 
 def _pump(label: str, stream: IO[bytes], out: IO[str]) -> None:

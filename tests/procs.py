@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from schedproj.processes import Spawned, spawn, stop_all
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,22 +36,8 @@ def wait_for(predicate: Callable[[], object], timeout_s: float, what: str,
         time.sleep(poll_s)
 
 
-@dataclass
-class Proc:
-    name: str
-    popen: subprocess.Popen[bytes]
-    log: Path
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
-
-    def signal(self, sig: int) -> None:
-        """Signal the whole process group (a prefork worker's children too)."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.popen.pid, sig)
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
+#: A started celery process (see schedproj.processes.Spawned).
+Proc = Spawned
 
 
 @dataclass
@@ -65,14 +49,8 @@ class Cluster:
     procs: list[Proc] = field(default_factory=list)
 
     def start(self, name: str, *args: str) -> Proc:
-        log = self.logdir / f"{name}.log"
-        out = log.open("wb")
-        popen = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "schedproj.app", *args],
-            cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        proc = Proc(name, popen, log)
+        proc = spawn(name, [sys.executable, "-m", "celery", "-A", "schedproj.app", *args],
+                     self.env, self.logdir / f"{name}.log", cwd=ROOT)
         self.procs.append(proc)
         return proc
 
@@ -93,13 +71,4 @@ class Cluster:
         return proc
 
     def stop_all(self) -> None:
-        for proc in self.procs:
-            if proc.alive():
-                proc.signal(signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for proc in self.procs:
-            try:
-                proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.signal(signal.SIGKILL)
-                proc.popen.wait(timeout=5)
+        stop_all(self.procs)

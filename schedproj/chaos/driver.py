@@ -10,7 +10,6 @@ private Redis that is never harmed, and the audit reads them at the end.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -32,6 +31,7 @@ from schedproj.audit import FencedLedger, audit
 from schedproj.embedded import answers, free_port
 from schedproj.errors import ConfigurationError
 from schedproj.keys import Keys
+from schedproj.processes import Spawned, spawn, stop_all
 
 PREFIX = "chaos"
 LEASE_TTL_S = 2.0
@@ -78,17 +78,10 @@ class RedisProc:
 
 
 @dataclass
-class Child:
-    role: str
-    name: str
-    popen: subprocess.Popen[bytes]
+class Child(Spawned):
+    """A worker or beat of the chaos fleet."""
 
-    def signal(self, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.popen.pid, sig)
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
+    role: str = ""
 
 
 @dataclass
@@ -109,10 +102,8 @@ class Fleet:
                       "--without-gossip", "--without-mingle", "-l", "info"],
             "beat": [*base, "beat", "-S", "fair", "-l", "info"],
         }[role]
-        log = (self.logdir / f"{name}.log").open("wb")
-        child = Child(role, name, subprocess.Popen(argv, env=self.env, stdout=log,
-                                                   stderr=subprocess.STDOUT,
-                                                   start_new_session=True))
+        started = spawn(name, argv, self.env, self.logdir / f"{name}.log")
+        child = Child(started.name, started.popen, started.log, role=role)
         self.children.append(child)
         return child
 
@@ -128,17 +119,7 @@ class Fleet:
         return next((c for c in self.live("heavy") if c.popen.pid == group), None)
 
     def stop(self) -> None:
-        for c in self.children:
-            if c.alive():
-                c.signal(signal.SIGCONT)
-                c.signal(signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        for c in self.children:
-            try:
-                c.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                c.signal(signal.SIGKILL)
-                c.popen.wait()
+        stop_all(list(self.children), timeout_s=15)
 
 
 @dataclass
