@@ -113,6 +113,12 @@ def _apply_time_limits(task_name: str, task: Any, kind: LaneKind, settings: Sett
 
     if kind is LaneKind.HEAVY:
         limit = task.time_limit or settings.heavy_time_limit_s
+        if limit >= settings.max_hold_s:
+            raise LaneDeclarationError(
+                task_name, f"time_limit {limit}s is not below the maximum lease hold "
+                f"{settings.max_hold_s}s, so a run could outlive its lease",
+                "lower the task's time_limit or raise SCHEDPROJ_MAX_HOLD_S",
+            )
         if limit >= settings.visibility_timeout_s:
             raise LaneDeclarationError(
                 task_name, f"time_limit {limit}s is not below the broker visibility timeout "

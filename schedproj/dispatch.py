@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from schedproj.lanes import DeferralReason
-from schedproj.pipeline import Decision
+from schedproj.pipeline import LEASE_WAITS, Decision
 from schedproj.state import Deferral, LaneState, SchedRecord
 
 
@@ -19,8 +18,6 @@ class Send:
     deadline: float
 
 
-#: Waiting for the heavy lease: losing the pick to X, then X holding the lease, is one wait.
-LEASE_WAITS = frozenset({DeferralReason.LEASE_HELD, DeferralReason.BACKPRESSURE})
 
 
 def same_wait(old: Deferral | None, new: Deferral) -> bool:

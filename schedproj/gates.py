@@ -40,8 +40,8 @@ def evaluate(
         if (
             gate.max_defer_s is not None
             and current is not None
-            and current.blocker == gate.blocker
-            and now - current.behind_blocker_since >= gate.max_defer_s
+            and (clock := current.gate_clock(gate.blocker)) is not None
+            and now - clock >= gate.max_defer_s
         ):
             expired.append(gate)
             continue

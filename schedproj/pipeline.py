@@ -23,6 +23,9 @@ from schedproj.settings import Profile
 from schedproj.state import Deferral, LaneState, LeaseView, SchedRecord
 from schedproj.views import LaneView, view_all
 
+#: Reasons that mean "waiting for the heavy lease", not a gate.
+LEASE_WAITS = frozenset({DeferralReason.LEASE_HELD, DeferralReason.BACKPRESSURE})
+
 
 @dataclass(frozen=True)
 class Decision:
@@ -45,6 +48,37 @@ def enabled_under(profile: Profile, deployment: DeploymentClass) -> bool:
     return not (profile is Profile.CLOUD and deployment is DeploymentClass.LOCAL_ONLY)
 
 
+def continue_streak(previous: Deferral | None, lane: str, reason: DeferralReason,
+                    blocker: str | None, now: float) -> Deferral:
+    """This tick's deferral of ``lane``, continuing ``previous`` (its streak start never
+    slides). Within the streak a gate's clock (for its max_defer_s) runs while that gate's
+    blocker defers the lane; waiting for the lease in between neither stops nor restarts it,
+    or a busy lease would keep a gated lane waiting forever."""
+    if previous is None:
+        return Deferral(lane=lane, reason=reason, blocker=blocker, since=now)
+    if reason in LEASE_WAITS:
+        owner = previous.gate_owner
+        return Deferral(lane=lane, reason=reason, blocker=blocker, since=previous.since,
+                        blocker_since=previous.blocker_since if owner is not None else None,
+                        gate_blocker=owner)
+    clock = previous.gate_clock(blocker) if blocker is not None else None
+    if clock is None:
+        clock = now
+    return Deferral(lane=lane, reason=reason, blocker=blocker, since=previous.since,
+                    blocker_since=None if clock == previous.since else clock)
+
+
+def eligible(lanes: Collection[LaneSpec], states: Mapping[str, LaneState], profile: Profile,
+             excluded: Collection[str]) -> tuple[LaneSpec, ...]:
+    """Stage 1: lanes the profile enables, not paused, readable — in declared order."""
+    return tuple(sorted(
+        (s for s in lanes
+         if enabled_under(profile, s.deployment) and s.name not in excluded
+         and not states.get(s.name, LaneState()).sched.paused),
+        key=lambda s: s.sort_key,
+    ))
+
+
 def decide(
     lanes: Collection[LaneSpec],
     states: Mapping[str, LaneState],
@@ -62,13 +96,7 @@ def decide(
     in which ``lanes`` are given. ``paused`` lanes are left out; ``forced`` lanes (an
     operator's "run now") are due whatever their cadence, and still need the lease."""
     empty = SchedRecord()
-    specs = tuple(sorted(
-        (s for s in lanes
-         if enabled_under(profile, s.deployment)
-         and s.name not in unreadable and s.name not in paused
-         and not states.get(s.name, LaneState()).sched.paused),
-        key=lambda s: s.sort_key,
-    ))
+    specs = eligible(lanes, states, profile, excluded={*unreadable, *paused})
     views = view_all(specs, states, lease, now, probes or {}, forced)
     candidates = [v for v in views.values() if v.due and not v.in_flight]
 
@@ -79,15 +107,7 @@ def decide(
     deferred: list[Deferral] = []
 
     def defer(name: str, reason: DeferralReason, blocker: str | None) -> None:
-        previous = sched(name).deferral
-        if previous is None:
-            deferred.append(Deferral(lane=name, reason=reason, blocker=blocker, since=now))
-            return
-        # The streak start never slides; a new blocker starts its own clock within it, so a
-        # gate's max_defer_s counts only the time that blocker has deferred the lane.
-        blocker_since = previous.blocker_since if previous.blocker == blocker else now
-        deferred.append(Deferral(lane=name, reason=reason, blocker=blocker,
-                                 since=previous.since, blocker_since=blocker_since))
+        deferred.append(continue_streak(sched(name).deferral, name, reason, blocker, now))
 
     survivors: list[LaneView] = []
     expired: list[tuple[str, Gate]] = []

@@ -15,7 +15,7 @@ import socket
 import time
 import uuid
 from collections import Counter
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import redis
@@ -243,7 +243,8 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
                              "beat": self.token[:8],
                              "fence": kwargs.get(LEASE_KWARG, {}).get("fence", 0)})
         self.rt.store.log_many(self.rt.keys.dispatch_log, sent)
-        self.rt.store.done_forcing([lane for lane in sends if lane in snap.forced])
+        # A forced lane whose message did not leave keeps its request for the next tick.
+        self.rt.store.done_forcing([e["lane"] for e in sent if e["lane"] in snap.forced])
         return True
 
     def _send(self, lane: str, send: Send, kwargs: dict[str, Any], lease_token: str) -> bool:
@@ -253,8 +254,10 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         entry = ScheduleEntry(
             name=lane, task=spec.task_name, app=self.app,
             schedule=self.data[lane].schedule, args=(), kwargs=kwargs,
+            # Absolute, and the same instant beat stops counting the message as in flight: a
+            # message can never run after beat has sent its replacement.
             options={"queue": queue_for(spec.kind), "task_id": send.task_id,
-                     "expires": self.settings.start_deadline_s},
+                     "expires": datetime.fromtimestamp(send.deadline, tz=UTC)},
         )
         self._send_failures.discard(lane)
         self.apply_entry(entry, producer=self.producer)

@@ -139,6 +139,13 @@ class Settings(BaseSettings):
                 f"SCHEDPROJ_VISIBILITY_TIMEOUT_S",
             ),
             (
+                self.heavy_time_limit_s < self.max_hold_s,
+                "SCHEDPROJ_HEAVY_TIME_LIMIT_S",
+                f"heavy hard time limit {self.heavy_time_limit_s}s is not below the maximum "
+                f"lease hold {self.max_hold_s}s, so a run that never yields would outlive its "
+                "lease while another heavy lane starts; lower it or raise SCHEDPROJ_MAX_HOLD_S",
+            ),
+            (
                 self.hold_cap_s <= self.max_hold_s,
                 "SCHEDPROJ_HOLD_CAP_S",
                 f"hold cap {self.hold_cap_s}s exceeds the maximum hold {self.max_hold_s}s; "

@@ -61,11 +61,26 @@ class Deferral:
     blocker: str | None
     since: float
     blocker_since: float | None = None
+    #: The gate blocker whose clock ``blocker_since`` is, when a lease wait interrupts a gate
+    #: deferral (the wait must not restart the gate's clock). None: ``blocker`` itself.
+    gate_blocker: str | None = None
 
     @property
     def behind_blocker_since(self) -> float:
         """How long the current blocker has deferred the lane counts from here."""
         return self.since if self.blocker_since is None else self.blocker_since
+
+    @property
+    def gate_owner(self) -> str | None:
+        """The gate blocker whose clock this deferral carries, if any."""
+        if self.gate_blocker is not None:
+            return self.gate_blocker
+        lease_wait = self.reason in (DeferralReason.LEASE_HELD, DeferralReason.BACKPRESSURE)
+        return None if lease_wait else self.blocker
+
+    def gate_clock(self, blocker: str) -> float | None:
+        """Since when the gate on ``blocker`` has been deferring this lane, if it is."""
+        return self.behind_blocker_since if self.gate_owner == blocker else None
 
 
 @dataclass(frozen=True)

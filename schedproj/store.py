@@ -103,6 +103,7 @@ class LaneStore:
         self._unlock = scripts.register(client, "beat_unlock")
         self._guarded_hset = scripts.register(client, "guarded_hset")
         self._finish = scripts.register(client, "run_finish")
+        self._skipped = scripts.register(client, "run_mark_skipped")
 
     def snapshot(self, beat_token: str, lock_ttl_s: float) -> Snapshot:
         """Renew (or try to take) the beat lock and read all state: one round trip."""
@@ -179,6 +180,12 @@ class LaneStore:
         )
         return int(released) == 1, int(written)
 
+    def mark_skipped(self, lane: str, reason: str, *, wake_message: str) -> bool:
+        """Record a refused message's outcome without touching the rest of the run record."""
+        done = self._skipped(keys=[self.keys.lanes, self.keys.wake],
+                             args=[run_field(lane), reason, wake_message])
+        return int(done) == 1
+
     def wake(self, message: str) -> None:
         pipe = self.client.pipeline(transaction=False)
         pipe.lpush(self.keys.wake, message)
@@ -189,7 +196,10 @@ class LaneStore:
         """Block until a run finishes or ``timeout_s`` passes; True if woken."""
         if timeout_s <= 0:
             return False
-        woke = self.client.blpop([self.keys.wake], timeout=timeout_s)
+        # Never block longer than the client's socket timeout, or an idle wait reads as an
+        # outage.
+        limit = self.client.connection_pool.connection_kwargs.get("socket_timeout") or 10.0
+        woke = self.client.blpop([self.keys.wake], timeout=min(timeout_s, float(limit) - 1.0))
         if woke is not None:
             # Several runs may have finished; one tick handles them all.
             self.client.delete(self.keys.wake)

@@ -78,10 +78,14 @@ class LeaseRenewer(threading.Thread):
             now = time.time()
             try:
                 ok, reason = self.rt.lease.renew(self.token, s.lease_ttl_s, now, s.max_hold_s)
-            except Exception:  # Redis unreachable: the lease expires server-side on its own.
-                ok, reason = now - last_ok < s.lease_ttl_s, "redis-unreachable"
+            except Exception:
+                # Redis unreachable: the server counts the TTL from the last renewal that
+                # landed, so give up a third of a TTL before it can expire there.
+                ok, reason = False, "redis-unreachable"
                 logger.warning("lane %s: cannot renew the heavy lease", self.ctx.lane,
                                exc_info=True)
+                if now - last_ok < s.lease_ttl_s * 2 / 3:
+                    continue
             if ok:
                 last_ok = now
                 continue
@@ -194,15 +198,9 @@ class LaneTask(Task):  # type: ignore[misc]
         logger.warning("lane %s: skipped task %s (%s); nothing ran", self.lane_name, task_id,
                        reason)
         rt.store.count(f"skips|{self.lane_name}")
-        try:
-            before = rt.store.read_run(self.lane_name)
-        except StateError:
-            logger.exception("lane %s: cannot record the skip", self.lane_name)
-            return {"outcome": Outcome.SKIPPED.value, "reason": reason}
-        record = replace(before, last_outcome=Outcome.SKIPPED, last_reason=reason)
-        # Fence of the record as read: a run that started meanwhile (higher fence) wins.
-        rt.store.finish(self.lane_name, record, token="", fence=before.fence,
-                        wake_message=f"{self.lane_name}:skipped")
+        # Only the outcome fields change, in one Lua step: a run of this lane finishing at the
+        # same moment elsewhere must not have its record rolled back.
+        rt.store.mark_skipped(self.lane_name, reason, wake_message=f"{self.lane_name}:skipped")
         return {"outcome": Outcome.SKIPPED.value, "reason": reason}
 
     def _run(self, rt: Runtime, task_id: str, token: str, fence: int, hold_cap_s: float | None,
@@ -276,16 +274,19 @@ class LaneTask(Task):  # type: ignore[misc]
         before = before or RunRecord()
         now = time.time()
         failed = outcome is Outcome.FAILED
+        # A light run has no fence of its own: keep the record's, so a lane that was heavy once
+        # (a fenced record) can still record its outcomes.
+        fence = ctx.fence or before.fence
         record = RunRecord(
             last_run_at=now, last_outcome=outcome, last_reason=reason,
             failing_since=(before.failing_since or now) if failed else None,
             last_task_id=ctx.task_id, backlog=ctx.backlog or 0, runs=before.runs + 1,
-            failures=before.failures + (outcome is Outcome.FAILED), fence=ctx.fence,
+            failures=before.failures + (outcome is Outcome.FAILED), fence=fence,
         )
         self._journal(rt, ctx, "end", outcome=outcome.value,
                       lost=(ctx.lost.is_set() and ctx.lost_reason) or None)
         try:
-            released, written = rt.store.finish(ctx.lane, record, token=token, fence=ctx.fence,
+            released, written = rt.store.finish(ctx.lane, record, token=token, fence=fence,
                                                 wake_message=f"{ctx.lane}:{outcome.value}",
                                                 write=writable)
         except Exception:

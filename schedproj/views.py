@@ -56,10 +56,12 @@ def is_in_flight(state: LaneState, now: float) -> bool:
     if task_id is None or state.run.last_task_id == task_id:
         return False
     run = state.run
-    if run.running_task_id == task_id and run.running_until is not None:
-        return now < run.running_until
     deadline = state.sched.inflight_deadline
-    return deadline is not None and now < deadline
+    # Until the message's own expiry it may still be (re)delivered and start; after that, only
+    # a live run's heartbeat keeps the lane in flight.
+    bounds = [b for b in (deadline, run.running_until if run.running_task_id == task_id
+                          else None) if b is not None]
+    return bool(bounds) and now < max(bounds)
 
 
 def view_lane(

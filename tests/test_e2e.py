@@ -233,7 +233,7 @@ def test_forged_or_missing_token_is_refused_and_lease_untouched(
     assert current is not None and current.token == "real-token" and current.fence == grant.fence
     record = json.loads(r.hget(KEYS.lanes, "e2e.quick|run"))
     assert record["last_outcome"] == "skipped"
-    assert record["runs"] == 0
+    assert record.get("runs", 0) == 0  # nothing ran
 
 
 def test_hard_time_limit_releases_lease_and_records_failure(

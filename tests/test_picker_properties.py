@@ -186,13 +186,15 @@ def enabled(sc: Scenario, spec: LaneSpec) -> bool:
 
 def light_in_flight(state: LaneState, now: float) -> bool:
     """Dispatched (inflight id), not yet finished (last_task_id differs), and still within the
-    running bound when that run started, else within the start deadline."""
+    message's start deadline (it may yet be delivered) or, once that run started, within its
+    heartbeat-refreshed running bound — whichever is later."""
     sched, run = state.sched, state.run
     if sched.inflight_task_id is None or run.last_task_id == sched.inflight_task_id:
         return False
-    if run.running_task_id == sched.inflight_task_id and run.running_until is not None:
-        return now < run.running_until
-    return sched.inflight_deadline is not None and now < sched.inflight_deadline
+    if sched.inflight_deadline is not None and now < sched.inflight_deadline:
+        return True
+    return (run.running_task_id == sched.inflight_task_id and run.running_until is not None
+            and now < run.running_until)
 
 
 def fact(sc: Scenario, spec: LaneSpec) -> Fact:
