@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import os
 import sys
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from urllib.parse import urlsplit
 
-from schedproj.processes import Spawned, spawn, stop_all
+from schedproj.processes import Spawned, spawn, stop_all, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -34,18 +33,6 @@ def scenario_env(redis_url: str, scenario: str, prefix: str,
     })
     env.update(extra)
     return env
-
-
-def wait_for(predicate: Callable[[], object], timeout_s: float, what: str,
-             poll_s: float = 0.02) -> object:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(poll_s)
 
 
 def cpu_seconds(pgid: int) -> float:

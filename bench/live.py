@@ -18,9 +18,10 @@ from typing import Any
 
 import redis
 
-from bench.cluster import Cluster, process_cpu_seconds, redis_server_pid, scenario_env, wait_for
+from bench.cluster import Cluster, process_cpu_seconds, redis_server_pid, scenario_env
 from bench.stats import ratio, summary
 from schedproj import defaults
+from schedproj.processes import wait_for
 
 PREFIX = "bench"
 RUNS_KEY = f"{PREFIX}:bench:runs"

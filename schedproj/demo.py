@@ -36,7 +36,7 @@ from schedproj.redis_conn import connect, mask
 from schedproj.rem.lanes import CADENCES_S, LANE_NAMES
 from schedproj.rem.seed import seed_forensic
 from schedproj.rem.store import MemoryStore
-from schedproj.state import LeaseView, Outcome, RunRecord, SchedRecord, decode, encode
+from schedproj.state import LeaseView, Outcome, RunRecord, SchedRecord, encode
 from schedproj.store import parse_states
 
 #: The chain whose drain the demo watches (heartbeat is local-only housekeeping).
@@ -322,4 +322,4 @@ def render_report(report: Mapping[str, Any], out: TextIO) -> None:
         console.print(report.get("process_log_tail", ""))
 
 
-__all__ = ["DemoOptions", "decode", "render_report", "run_demo"]
+__all__ = ["DemoOptions", "render_report", "run_demo"]

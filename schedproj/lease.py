@@ -14,7 +14,6 @@ from dataclasses import dataclass
 import redis
 
 from schedproj import scripts
-from schedproj.errors import StateError
 from schedproj.keys import Keys
 from schedproj.state import LeaseView, decode
 
@@ -95,4 +94,4 @@ def parse_lease(raw: str | None, key: str) -> LeaseView | None:
     return decode(LeaseView, raw, key)
 
 
-__all__ = ["Grant", "HeavyLease", "StateError", "parse_lease"]
+__all__ = ["Grant", "HeavyLease", "parse_lease"]

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -60,6 +60,19 @@ class Spawned:
 
     def alive(self) -> bool:
         return self.popen.poll() is None
+
+
+def wait_for(predicate: Callable[[], object], timeout_s: float, what: str,
+             poll_s: float = 0.02) -> object:
+    """Poll until ``predicate()`` is truthy and return it; TimeoutError naming ``what``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(poll_s)
 
 
 def spawn(name: str, argv: list[str], env: Mapping[str, str], log: Path,

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import sys
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from schedproj.processes import Spawned, spawn, stop_all
+from schedproj.processes import Spawned, spawn, stop_all, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -21,19 +19,6 @@ FAST_SETTINGS = {
     "SCHEDPROJ_BEAT_MAX_LOOP_INTERVAL_S": "0.5",
     "SCHEDPROJ_LANE_MODULES": "tests.lanes_e2e",
 }
-
-
-def wait_for(predicate: Callable[[], object], timeout_s: float, what: str,
-             poll_s: float = 0.05) -> object:
-    """Poll until ``predicate()`` is truthy; fail naming ``what`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(poll_s)
 
 
 #: A started celery process (see schedproj.processes.Spawned).
