@@ -23,9 +23,8 @@ from celery.beat import ScheduleEntry, Scheduler
 from celery.schedules import schedule as every
 
 from schedproj import defaults, metrics
-from schedproj.config import lane_set_for, validate_or_exit
+from schedproj.config import validate_or_exit
 from schedproj.dispatch import Send, sched_changes
-from schedproj.errors import SchedprojError
 from schedproj.pipeline import Decision, decide, seconds_until_next_due
 from schedproj.registry import LaneSet, queue_for, registry_json
 from schedproj.runtime import Runtime, settings_for
@@ -56,6 +55,7 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         self.token = uuid.uuid4().hex
         self.active = False
         self._send_failures: set[str] = set()
+        self._reported: dict[str, str] = {}
         kwargs.pop("schedule_filename", None)
         super().__init__(*args, **kwargs)
 
@@ -187,9 +187,9 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         """Call the lanes' due-check hooks; a hook that raises is recorded, the tick goes on."""
         assert self.rt is not None and self.lanes is not None
         unreadable = {lane for lane in snap.errors if lane in self.lanes.options}
+        previous, self._reported = self._reported, {}
         for lane, message in snap.errors.items():
-            logger.error("scheduling error: %s", message)
-            self.rt.store.record_error(lane, message)
+            self._report(lane, message, previous)
         probes: dict[str, int] = {}
         for spec in self.lanes.specs:
             hook = self.lanes.options[spec.name].due_check
@@ -200,9 +200,19 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
             except Exception as exc:
                 unreadable.add(spec.name)
                 message = f"due_check of lane {spec.name!r} raised {type(exc).__name__}: {exc}"
-                logger.exception("scheduling error: %s", message)
-                self.rt.store.record_error(spec.name, message[:1000])
+                self._report(spec.name, message[:1000], previous, exc_info=True)
         return probes, unreadable
+
+    def _report(self, lane: str, message: str, previous: dict[str, str],
+                exc_info: bool = False) -> None:
+        """Log and record a scheduling error once per onset, not on every tick it persists
+        (``previous``: last tick's errors; one that cleared and returns is reported again)."""
+        assert self.rt is not None
+        self._reported[lane] = message
+        if previous.get(lane) == message:
+            return
+        logger.error("scheduling error: %s", message, exc_info=exc_info)
+        self.rt.store.record_error(lane, message)
 
     def _dispatch(self, decision: Decision, snap: Snapshot, now: float) -> bool:
         """Grant, record, send. False if this beat lost its lock on the way (stop at once)."""
@@ -286,4 +296,4 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         self.active = False
 
 
-__all__ = ["FairScheduler", "SchedprojError", "lane_set_for"]
+__all__ = ["FairScheduler"]
