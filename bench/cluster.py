@@ -10,7 +10,7 @@ from pathlib import Path
 from types import TracebackType
 from urllib.parse import urlsplit
 
-from schedproj.processes import Spawned, spawn, stop_all, wait_for
+from schedproj.devtools.processes import Spawned, spawn, stop_all, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 

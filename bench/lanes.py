@@ -25,7 +25,8 @@ import redis
 from celery import shared_task
 
 from schedproj import Lane, LaneKind, LaneTask
-from schedproj.keys import Keys, run_field, sched_field
+from schedproj.core.families import LaneFamily
+from schedproj.store.protocol import Keys, run_field, sched_field
 
 SCENARIO = os.environ.get("BENCH_SCENARIO", "handoff")
 PREFIX = os.environ.get("SCHEDPROJ_KEY_PREFIX", "schedproj")
@@ -110,10 +111,35 @@ def _declare_throughput(name: str) -> None:
     def light(self: LaneTask) -> None:
         client().incr(DONE_KEY)
 
+    # The bare beat's twin: the same body as a plain task. A lane task refuses a message that
+    # its lane's current beat did not dispatch, so the peer sends this one instead.
+    @shared_task(name=bare_name(name))
+    def bare() -> None:
+        client().incr(DONE_KEY)
+
+
+def bare_name(name: str) -> str:
+    """The plain twin of throughput lane ``name``, which the bare beat sends."""
+    return f"bare.{name}"
+
+
+#: The idle lane family of the hand-off-at-scale scenario: members that ran just now (seeded
+#: by the bench), heavy, cadence one day — declared lanes that are never due.
+IDLE_FAMILY = "bench.idle-family"
+
+
+def _declare_idle_family() -> None:
+    @shared_task(base=LaneTask, bind=True, name=IDLE_FAMILY,
+                 lane=LaneFamily(cadence_s=86400.0, kind=LaneKind.HEAVY))
+    def idle(self: LaneTask, key: str) -> None:
+        heavy_body(self, f"{IDLE_FAMILY}[{key}]")
+
 
 if SCENARIO in ("handoff", "light-delay"):
     for _name in heavy_names():
         _declare_heavy(_name)
+if SCENARIO == "handoff":
+    _declare_idle_family()
 if SCENARIO == "light-delay":
     for _i, _name in enumerate(light_names()):
         _declare_light_delay(_name, light_cadence(_i))

@@ -20,8 +20,11 @@ import redis
 
 from bench.cluster import Cluster, process_cpu_seconds, redis_server_pid, scenario_env
 from bench.stats import ratio, summary
-from schedproj import defaults
-from schedproj.processes import wait_for
+from schedproj.core import defaults
+from schedproj.core.records import Outcome, RunRecord, encode
+from schedproj.devtools.processes import wait_for
+from schedproj.store.lane_store import LaneStore
+from schedproj.store.protocol import Keys
 
 PREFIX = "bench"
 RUNS_KEY = f"{PREFIX}:bench:runs"
@@ -63,6 +66,8 @@ def fresh(url: str, scenario: str, extra: dict[str, str]) -> Iterator[tuple[Clus
     """An empty database and a cluster for ``scenario``; everything stopped afterwards."""
     client = redis.Redis.from_url(url, decode_responses=True)
     client.flushdb()
+    # A new deployment: no state-loss quarantine before the first grant.
+    LaneStore(client, Keys(PREFIX)).declare_fresh()
     with tempfile.TemporaryDirectory(prefix=f"bench-{scenario}-") as tmp, \
             Cluster(scenario_env(url, scenario, PREFIX, extra), Path(tmp)) as cluster:
         yield cluster, client
@@ -79,9 +84,30 @@ def heavy_runs(client: redis.Redis) -> list[dict[str, Any]]:
 
 # -- lease hand-off gap -------------------------------------------------------------------------
 
-def handoff(url: str, opts: LiveOptions, *, wake: bool) -> dict[str, Any]:
-    """Heavy runs back to back while a backlog waits: next start minus previous end."""
-    samples = opts.handoff_samples_on if wake else opts.handoff_samples_off
+#: bench.lanes.IDLE_FAMILY (not imported here: importing bench.lanes declares its tasks).
+IDLE_FAMILY = "bench.idle-family"
+
+
+def seed_idle_members(client: redis.Redis, n: int) -> None:
+    """``n`` members of the idle family that ran just now: declared lanes, never due."""
+    keys, now = Keys(PREFIX), time.time()
+    record = encode(RunRecord(last_run_at=now, last_outcome=Outcome.COMPLETED, runs=1))
+    for start in range(0, n, 5000):
+        chunk = [f"k{i:06d}" for i in range(start, min(n, start + 5000))]
+        lanes = [f"{IDLE_FAMILY}[{k}]" for k in chunk]
+        pipe = client.pipeline(transaction=False)
+        pipe.sadd(keys.family(IDLE_FAMILY), *chunk)
+        pipe.hset(keys.lanes, mapping={f"{lane}|run": record for lane in lanes})
+        pipe.zadd(keys.due, dict.fromkeys(lanes, now + 86400.0))
+        pipe.execute()
+
+
+def handoff(url: str, opts: LiveOptions, *, wake: bool, idle_members: int = 0,
+            samples: int | None = None) -> dict[str, Any]:
+    """Heavy runs back to back while a backlog waits: next start minus previous end. With
+    ``idle_members``, that many more lanes are declared (members of a family, never due)."""
+    if samples is None:
+        samples = opts.handoff_samples_on if wake else opts.handoff_samples_off
     extra = {
         "SCHEDPROJ_WAKE_ON_RELEASE": "true" if wake else "false",
         "SCHEDPROJ_BEAT_MAX_LOOP_INTERVAL_S": str(opts.interval_s),
@@ -91,6 +117,7 @@ def handoff(url: str, opts: LiveOptions, *, wake: bool) -> dict[str, Any]:
     wanted = samples + opts.warmup_runs + 1
     budget = 60 + wanted * (opts.interval_s + opts.handoff_run_s) * 2
     with fresh(url, "handoff", extra) as (cluster, client):
+        seed_idle_members(client, idle_members)
         cluster.worker("heavy", defaults.HEAVY_QUEUE, 1)
         cluster.fair_beat()
         def enough() -> bool:
@@ -106,6 +133,7 @@ def handoff(url: str, opts: LiveOptions, *, wake: bool) -> dict[str, Any]:
         "wake_on_release": wake,
         "loop_interval_s": opts.interval_s,
         "heavy_lanes": opts.handoff_lanes,
+        "declared_lanes": opts.handoff_lanes + idle_members,
         "run_s": opts.handoff_run_s,
         "gap_ms": summary(gaps, 1000.0),
         "gap_samples_ms": [round(g * 1000.0, 3) for g in gaps],
@@ -126,6 +154,25 @@ def handoff_section(url: str, opts: LiveOptions) -> dict[str, Any]:
             "median_under_50ms": med_on is not None and med_on < 50.0,
             "p99_under_250ms": p99_on is not None and p99_on < 250.0,
         },
+    }
+
+
+def handoff_scale_section(url: str, opts: LiveOptions, large: int = 100_000) -> dict[str, Any]:
+    """The hand-off gap with ``large`` lanes declared against the same with 10 (the extra
+    lanes are members of an idle family): flat in N is the goal."""
+    samples = max(5, opts.handoff_samples_on // 2)
+    small = handoff(url, opts, wake=True, idle_members=10 - opts.handoff_lanes,
+                    samples=samples)
+    big = handoff(url, opts, wake=True, idle_members=large - opts.handoff_lanes,
+                  samples=samples)
+    med_small, med_big = small["gap_ms"]["median"], big["gap_ms"]["median"]
+    ratio_big = ratio(med_big, med_small, 2)
+    return {
+        "lanes_10": small, f"lanes_{large}": big,
+        "median_ratio_large_over_10": ratio_big,
+        "goals": {"median_within_2x_of_10_lanes": ratio_big is not None and ratio_big <= 2.0,
+                  "p99_under_50ms": big["gap_ms"]["p99"] is not None
+                  and big["gap_ms"]["p99"] < 50.0},
     }
 
 

@@ -103,25 +103,44 @@ def tick_md(s: dict[str, Any]) -> str:
             rank_rows.append((int(lanes), g(rk, "rank_tick", "ms", "median"),
                               g(rk, "rank_tick", "ms", "p90"),
                               g(rk, "rank_tick", "round_trips", "median"),
+                              g(rk, "floor", "ms", "median"),
+                              g(rk, "steady_held_tick", "ms", "median"),
                               g(rk, "held_tick", "ms", "median"),
-                              g(rk, "held_tick", "round_trips", "median")))
+                              g(rk, "held_tick", "round_trips", "median"),
+                              g(row, "fair", "startup", "add_members_s"),
+                              g(row, "fair", "startup", "beat_start_s"),
+                              g(row, "fair", "redis_bytes_per_lane")))
     out += "\nFairScheduler, all lanes heavy and due (the tick that ranks them and grants the " \
-           "lease, then the tick that finds the lease held):\n\n"
+           "lease, then the ticks that find the lease held: the first, right after the " \
+           "ranking tick's writes, and the later ones of the same run; the floor: fetch the " \
+           "due lanes' " \
+           "records in one round trip and take the maximal ratio in plain Python), start-up " \
+           "with N members (adding them; a new beat's construction and first tick) and Redis " \
+           "memory per lane:\n\n"
     out += table(("lanes", "rank + grant tick (ms, median)", "p90", "round trips",
-                  "lease-held tick (ms, median)", "round trips"), rank_rows)
+                  "floor (ms)", "lease-held tick (ms, median)",
+                  "first lease-held tick (ms, median)", "round trips",
+                  "add N members (s)", "beat start-up (s)", "Redis bytes / lane"), rank_rows)
     ratio_rows = [(int(lanes), *row["ratios"].values()) for lanes, row in s["lanes"].items()]
     out += "\nRatios (medians):\n\n"
     out += table(("lanes", "idle: fair / redbeat", "idle: fair / persistent",
+                  "lease-held: fair / redbeat idle",
+                  "first lease-held: fair / redbeat idle", "rank: fair / floor",
                   "per entry: fair / redbeat", "per entry: fair / persistent",
-                  "memory: fair / redbeat", "memory: fair / persistent"), ratio_rows)
+                  "memory: fair / redbeat", "memory: fair / persistent",
+                  "start-up: fair / redbeat"), ratio_rows)
     goals = s["goals"]
-    out += (f"\nGoals at {fmt(goals['at_lanes'])} lanes: constant round trips per tick — "
-            f"{fmt(goals['constant_round_trips'])} (by lane count: "
-            f"{goals['round_trips_per_tick_by_lane_count']}); idle tick within 2x "
-            f"celery-redbeat — {fmt(goals['idle_within_2x_redbeat'])}; ranking tick under 50 ms "
-            f"— {fmt(goals['rank_tick_under_50ms'])}; light dispatch no slower than "
-            f"celery-redbeat per entry — {fmt(goals['light_dispatch_no_slower_than_redbeat'])}."
-            "\n")
+    out += (f"\nGoals (issue 11): idle tick within 1x celery-redbeat at every size — "
+            f"{fmt(goals['idle_within_1x_redbeat'])}; at {fmt(goals['at_lanes'])} lanes: "
+            f"lease-held tick within 2x redbeat's idle — "
+            f"{fmt(goals['held_within_2x_redbeat_idle'])}, rank + grant within 3x the floor — "
+            f"{fmt(goals['rank_within_3x_floor'])}, light dispatch within 0.2x redbeat per "
+            f"entry — {fmt(goals['light_dispatch_within_0.2x_redbeat'])}; at "
+            f"{fmt(goals['largest'])} lanes: memory within 2x redbeat — "
+            f"{fmt(goals['memory_within_2x_redbeat_at_largest'])}, start-up within redbeat's — "
+            f"{fmt(goals['startup_within_1x_redbeat_at_largest'])}; constant round trips per "
+            f"tick — {fmt(goals['constant_round_trips'])} "
+            f"({goals['round_trips_per_tick_by_lane_count']}).\n")
     largest = s["lanes"][str(goals["at_lanes"])]["fair"].get("profile")
     if largest:
         out += (f"\nProfile of one FairScheduler tick at {fmt(goals['at_lanes'])} lanes "
@@ -131,6 +150,22 @@ def tick_md(s: dict[str, Any]) -> str:
                 ("function", "calls", "cumulative (ms)", "own (ms)"),
                 [(r["function"], r["calls"], r["cumtime_ms"], r["tottime_ms"])
                  for r in rows_])
+    return out
+
+
+def handoff_scale_md(s: dict[str, Any]) -> str:
+    rows = []
+    for key, r in s.items():
+        if key.startswith("lanes_"):
+            gm = r["gap_ms"]
+            rows.append((r["declared_lanes"], gm["n"], gm["median"], gm["p90"], gm["p99"],
+                         gm["max"], r["overlaps"]))
+    out = table(("declared lanes", "hand-offs", "median gap (ms)", "p90", "p99", "max",
+                 "overlapping runs"), rows)
+    goals = s["goals"]
+    out += (f"\nMedian, many lanes over 10: **{fmt(s['median_ratio_large_over_10'])}x** "
+            f"(goal ≤ 2x — {fmt(goals['median_within_2x_of_10_lanes'])}); p99 under 50 ms — "
+            f"{fmt(goals['p99_under_50ms'])}.\n")
     return out
 
 
@@ -178,7 +213,8 @@ def markdown(results: dict[str, Any]) -> str:
               ("tick", "Tick cost, round trips and memory", tick_md),
               ("light_delay", "Light dispatch delay while a heavy lane holds the lease",
                light_delay_md),
-              ("throughput", "Light-path throughput, one light worker", throughput_md))
+              ("throughput", "Light-path throughput, one light worker", throughput_md),
+              ("handoff_scale", "Hand-off gap with many lanes declared", handoff_scale_md))
     for key, title, fn in render:
         if key in sections:
             parts.append(f"## {title}\n\n{fn(sections[key])}")

@@ -43,10 +43,12 @@ from celery import Celery
 from bench.rtt import RoundTrips
 from bench.stats import summary
 from schedproj import Lane, LaneKind, LaneTask, Settings, configure_app
-from schedproj.keys import Keys
-from schedproj.scheduler import FairScheduler
-from schedproj.state import Outcome, RunRecord, SchedRecord, encode
-from schedproj.store import parse_states
+from schedproj.core.families import LaneFamily, member_lane, split_member
+from schedproj.core.records import Outcome, RunRecord, SchedRecord, encode
+from schedproj.on_celery.beat import FairScheduler
+from schedproj.store.families import FamilyStore
+from schedproj.store.lane_store import LaneStore
+from schedproj.store.protocol import Keys
 
 try:  # optional peer
     import redbeat.schedulers as redbeat_schedulers
@@ -55,6 +57,8 @@ except ImportError:  # pragma: no cover - reported as skipped
 
 #: Every entry's cadence: an hour, so "idle" stays idle for the whole measurement.
 CADENCE_S = 3600.0
+#: Lease-held ticks timed after the first one of each cycle.
+STEADY_HELD_TICKS = 5
 #: Beat's loop interval for all three (FairScheduler's default).
 LOOP_INTERVAL_S = 3.0
 
@@ -134,35 +138,82 @@ def tick_stats(samples: list[tuple[float, int]]) -> dict[str, Any]:
 
 
 # -- FairScheduler --------------------------------------------------------------------------
+#
+# FairScheduler's N lanes are the members of lane families (one Celery task each: heavy and
+# light), as a deployment with thousands of lanes declares them; ``--declare tasks`` declares
+# N Celery tasks instead (as before families existed; memory-hungry past 10,000).
 
-def fair_app(url: str, prefix: str, n: int, kind: Callable[[int], LaneKind]) -> Celery:
+HEAVY_FAMILY = "bench.heavy-family"
+#: FairScheduler's beat lock TTL in the tick-cost runs (seconds).
+BEAT_LOCK_TTL_S = 120.0
+LIGHT_FAMILY = "bench.light-family"
+
+
+def member_key(i: int) -> str:
+    return f"m{i:06d}"
+
+
+def fair_app(url: str, prefix: str, n: int, kind: Callable[[int], LaneKind],
+             declare: str = "family") -> tuple[Celery, list[str]]:
+    """The app and its N lane names (members of the two families, or N tasks)."""
+    # The beat lock outlives the longest tick measured: the first ranking tick at 100,000
+    # lanes records 99,999 new deferral streaks and takes longer than the default TTL here.
     settings = Settings.load(broker_url=url, redis_url=url, key_prefix=prefix,
-                             wake_on_release=False, beat_max_loop_interval_s=LOOP_INTERVAL_S)
+                             wake_on_release=False, beat_max_loop_interval_s=LOOP_INTERVAL_S,
+                             beat_lock_ttl_s=BEAT_LOCK_TTL_S)
     app = Celery(f"bench-{prefix}", set_as_current=False)
     configure_app(app, settings)
-    for i in range(n):
-        def body() -> None:
+    # A new deployment on an emptied Redis: no state-loss quarantine before the first grant.
+    LaneStore(redis.Redis.from_url(url, decode_responses=True), Keys(prefix)).declare_fresh()
+    if declare == "tasks":
+        for i in range(n):
+            def body() -> None:
+                return None
+
+            app.task(shared=False, base=LaneTask, name=lane_name(i),
+                     lane=Lane(cadence_s=CADENCE_S, kind=kind(i)))(body)
+        assert len(app.tasks) >= n
+        return app, [lane_name(i) for i in range(n)]
+    for family, fkind in ((HEAVY_FAMILY, LaneKind.HEAVY), (LIGHT_FAMILY, LaneKind.LIGHT)):
+        def member(key: str) -> None:
             return None
 
-        app.task(shared=False, base=LaneTask, name=lane_name(i),
-                 lane=Lane(cadence_s=CADENCE_S, kind=kind(i)))(body)
-    # Build the task classes now (Celery does it lazily, when beat first reads the registry),
-    # so the memory of declaring N lanes is counted as such, not as the scheduler's.
-    assert len(app.tasks) >= n
-    return app
+        app.task(shared=False, base=LaneTask, name=family,
+                 lane=LaneFamily(cadence_s=CADENCE_S, kind=fkind))(member)
+    assert len(app.tasks) >= 2
+    return app, [member_lane(HEAVY_FAMILY if kind(i) is LaneKind.HEAVY else LIGHT_FAMILY,
+                             member_key(i)) for i in range(n)]
 
 
-def fair_idle_state(client: redis.Redis, keys: Keys, n: int, now: float) -> None:
+def seed(client: redis.Redis, keys: Keys, records: dict[str, str],
+         scores: dict[str, float]) -> None:
+    """Write lane records and due-index scores (and family memberships), and mark the lanes
+    changed — what the workers' scripts do, outside the timing."""
+    write_hash(client, keys.lanes, records)
+    items = list(scores.items())
+    pipe = client.pipeline(transaction=False)
+    for start in range(0, len(items), 1000):
+        chunk = dict(items[start:start + 1000])
+        pipe.zadd(keys.due, chunk)
+        pipe.sadd(keys.changed, *chunk)
+        for lane in chunk:
+            parts = split_member(lane)
+            if parts is not None:
+                pipe.sadd(keys.family(parts[0]), parts[1])
+    pipe.execute()
+
+
+def fair_idle_state(client: redis.Redis, keys: Keys, names: list[str], now: float) -> None:
     """Every lane ran just now and its message was the one beat sent: nothing is due."""
     mapping: dict[str, str] = {}
-    for i in range(n):
+    for name in names:
         task_id = str(uuid.uuid4())
-        mapping[f"{lane_name(i)}|run"] = encode(RunRecord(
+        mapping[f"{name}|run"] = encode(RunRecord(
             last_run_at=now, last_outcome=Outcome.COMPLETED, last_task_id=task_id, runs=1))
-        mapping[f"{lane_name(i)}|sched"] = encode(SchedRecord(
+        mapping[f"{name}|sched"] = encode(SchedRecord(
             inflight_task_id=task_id, inflight_deadline=now + 60, last_dispatch_at=now - 1,
             dispatches=1))
-    write_hash(client, keys.lanes, mapping)
+    seed(client, keys, mapping, dict.fromkeys(names, now + CADENCE_S))
 
 
 def write_hash(client: redis.Redis, key: str, mapping: dict[str, str]) -> None:
@@ -178,18 +229,25 @@ def fair_scheduler(app: Celery) -> tuple[FairScheduler, list[int]]:
     return sched, noop_sends(sched)
 
 
-def fair_idle(url: str, n: int, reps: int, result: dict[str, Any],
-              profile: bool) -> FairScheduler:
+def redis_used(client: redis.Redis) -> int:
+    return int(client.info("memory")["used_memory"])  # type: ignore[index]
+
+
+def fair_idle(url: str, n: int, reps: int, result: dict[str, Any], profile: bool,
+              declare: str) -> FairScheduler:
     prefix = "tc-fair-idle"
     client = redis.Redis.from_url(url, decode_responses=True)
-    app = fair_app(url, prefix, n, lambda i: LaneKind.HEAVY if i % 2 == 0 else LaneKind.LIGHT)
+    app, names = fair_app(url, prefix, n,
+                          lambda i: LaneKind.HEAVY if i % 2 == 0 else LaneKind.LIGHT, declare)
     result["memory"]["app_kib"] = proc_kib("VmRSS")
-    fair_idle_state(client, Keys(prefix), n, time.time())
+    before = redis_used(client)
+    fair_idle_state(client, Keys(prefix), names, time.time())
+    result["redis_bytes_per_lane"] = round((redis_used(client) - before) / n, 1)
     start = time.perf_counter()
     sched, sent = fair_scheduler(app)
+    sched.tick()  # the first tick takes the lock and reads every due lane: part of start-up
     result["setup_s"] = round(time.perf_counter() - start, 3)
-    for _ in range(2):
-        sched.tick()  # warm-up: the first tick announces this beat and loads the scripts
+    sched.tick()  # warm-up
     samples = [timed(sched.tick)[:2] for _ in range(reps)]
     assert sent[0] == 0, f"an idle tick sent {sent[0]} messages"
     result["idle"] = tick_stats(samples)
@@ -198,61 +256,93 @@ def fair_idle(url: str, n: int, reps: int, result: dict[str, Any],
     return sched
 
 
-def fair_rank(url: str, n: int, reps: int, result: dict[str, Any], profile: bool) -> None:
+def rank_floor(client: redis.Redis, keys: Keys, names: list[str]) -> float:
+    """The floor the ranking tick is compared to: fetch the N due lanes' run records in one
+    round trip and take the maximal staleness ratio in plain Python."""
+    start = time.perf_counter()
+    raw = client.hmget(keys.lanes, [f"{name}|run" for name in names])
+    now = time.time()
+    best = max((now - json.loads(r)["last_run_at"]) / CADENCE_S for r in raw if r)
+    elapsed = time.perf_counter() - start
+    assert best > 1.0
+    return elapsed
+
+
+def fair_rank(url: str, n: int, reps: int, result: dict[str, Any], profile: bool,
+              declare: str) -> None:
     prefix = "tc-fair-rank"
     client = redis.Redis.from_url(url, decode_responses=True)
     keys = Keys(prefix)
-    app = fair_app(url, prefix, n, lambda i: LaneKind.HEAVY)
+    app, names = fair_app(url, prefix, n, lambda i: LaneKind.HEAVY, declare)
     now = time.time()
     # All due, with different staleness ratios (1.0 to 10.6), none ever deferred yet.
-    write_hash(client, keys.lanes, {
-        f"{lane_name(i)}|run": encode(RunRecord(
+    seed(client, keys, {
+        f"{name}|run": encode(RunRecord(
             last_run_at=now - CADENCE_S * (1.0 + (i % 97) / 10.0),
             last_outcome=Outcome.COMPLETED, runs=1))
-        for i in range(n)})
+        for i, name in enumerate(names)}, dict.fromkeys(names, now - 1.0))
     sched, sent = fair_scheduler(app)
     ranks: list[tuple[float, int]] = []
     helds: list[tuple[float, int]] = []
+    steady: list[tuple[float, int]] = []
+    floors: list[float] = []
     for cycle in range(reps + 1):
         before = sent[0]
         rank = timed(sched.tick)[:2]
         assert sent[0] == before + 1, "the ranking tick did not send exactly the winner"
         held = timed(sched.tick)[:2]
+        # A run holds the lease for many ticks: the ones after the first (which follows the
+        # ranking tick's 10,000 record writes, and pays for Redis settling after them).
+        later = [timed(sched.tick)[:2] for _ in range(STEADY_HELD_TICKS)]
         assert sent[0] == before + 1, "a tick sent while the lease was held"
-        client.delete(keys.lease)  # the heavy run ended
+        floors.append(rank_floor(client, keys, names))
+        end_run(client, keys)
         if cycle > 0:  # the first cycle also loads the scripts and announces the beat
             ranks.append(rank)
             helds.append(held)
-    result["rank"] = {"rank_tick": tick_stats(ranks), "held_tick": tick_stats(helds)}
+            steady.extend(later)
+    result["rank"] = {"rank_tick": tick_stats(ranks), "held_tick": tick_stats(helds),
+                      "steady_held_tick": tick_stats(steady),
+                      "floor": {"ms": summary(floors[1:] or floors, 1000.0)}}
     if profile:
         result["profile"]["rank"] = profiled(sched.tick)
         result["profile"]["held"] = profiled(sched.tick)
     sched.close()
 
 
-def fair_complete_all(client: redis.Redis, keys: Keys, due_at: float) -> None:
+def end_run(client: redis.Redis, keys: Keys) -> None:
+    """The heavy run ended: its lease is released and its lane marked changed (as
+    ``run_finish.lua`` does; the winner's record stays due, so it is ranked again)."""
+    raw = client.get(keys.lease)
+    pipe = client.pipeline(transaction=True)
+    pipe.delete(keys.lease)
+    if raw:
+        pipe.sadd(keys.changed, json.loads(raw)["lane"])
+    pipe.execute()
+
+
+def fair_complete_all(client: redis.Redis, keys: Keys, names: list[str],
+                      due_at: float) -> None:
     """Every dispatched light run finished long enough ago to be due again."""
-    raw: dict[str, str] = client.hgetall(keys.lanes)  # type: ignore[assignment]
-    states, errors = parse_states(raw, keys.lanes)
-    assert not errors, errors
+    raw = client.hmget(keys.lanes, [f"{name}|sched" for name in names])
     mapping = {}
-    for lane, state in states.items():
-        mapping[f"{lane}|run"] = encode(RunRecord(
-            last_run_at=due_at, last_outcome=Outcome.COMPLETED,
-            last_task_id=state.sched.inflight_task_id, runs=state.run.runs + 1))
-    write_hash(client, keys.lanes, mapping)
+    for name, sched_raw in zip(names, raw, strict=True):
+        task_id = json.loads(sched_raw)["inflight_task_id"] if sched_raw else None
+        mapping[f"{name}|run"] = encode(RunRecord(
+            last_run_at=due_at, last_outcome=Outcome.COMPLETED, last_task_id=task_id, runs=1))
+    seed(client, keys, mapping, dict.fromkeys(names, due_at + CADENCE_S))
 
 
-def fair_dispatch(url: str, n: int, reps: int, result: dict[str, Any],
-                  profile: bool) -> None:
+def fair_dispatch(url: str, n: int, reps: int, result: dict[str, Any], profile: bool,
+                  declare: str) -> None:
     prefix = "tc-fair-light"
     client = redis.Redis.from_url(url, decode_responses=True)
     keys = Keys(prefix)
-    app = fair_app(url, prefix, n, lambda i: LaneKind.LIGHT)
+    app, names = fair_app(url, prefix, n, lambda i: LaneKind.LIGHT, declare)
     sched, sent = fair_scheduler(app)
     samples: list[tuple[float, int]] = []
     for cycle in range(reps + 1):
-        fair_complete_all(client, keys, time.time() - 2 * CADENCE_S)
+        fair_complete_all(client, keys, names, time.time() - 2 * CADENCE_S)
         before = sent[0]
         sample = timed(sched.tick)[:2]
         assert sent[0] - before == n, f"dispatched {sent[0] - before} of {n} due light lanes"
@@ -260,8 +350,26 @@ def fair_dispatch(url: str, n: int, reps: int, result: dict[str, Any],
             samples.append(sample)
     result["dispatch"] = dispatch_stats(samples, n, ticks=1)
     if profile:
-        fair_complete_all(client, keys, time.time() - 2 * CADENCE_S)
+        fair_complete_all(client, keys, names, time.time() - 2 * CADENCE_S)
         result["profile"]["dispatch"] = profiled(sched.tick)
+    sched.close()
+
+
+def fair_startup(url: str, n: int, result: dict[str, Any]) -> None:
+    """Start-up with N members added through the family API: adding them, then a new beat's
+    construction and first tick (it reads every due lane: all N, never run)."""
+    prefix = "tc-fair-start"
+    client = redis.Redis.from_url(url, decode_responses=True)
+    app, _ = fair_app(url, prefix, n, lambda i: LaneKind.HEAVY)
+    store = FamilyStore(client, Keys(prefix), [HEAVY_FAMILY, LIGHT_FAMILY])
+    start = time.perf_counter()
+    store.add(HEAVY_FAMILY, [member_key(i) for i in range(n)])
+    added = time.perf_counter() - start
+    start = time.perf_counter()
+    sched, _ = fair_scheduler(app)
+    sched.tick()
+    result["startup"] = {"add_members_s": round(added, 3),
+                         "beat_start_s": round(time.perf_counter() - start, 3)}
     sched.close()
 
 
@@ -280,12 +388,21 @@ def dispatch_stats(samples: list[tuple[float, int]], n: int, ticks: int,
 
 
 def run_fair(url: str, n: int, reps: int, due_reps: int, result: dict[str, Any],
-             profile: bool = False) -> None:
-    sched = fair_idle(url, n, reps, result, profile)
+             profile: bool = False, declare: str = "family") -> None:
+    sched = fair_idle(url, n, reps, result, profile, declare)
     read_memory(result)
     sched.close()
-    fair_rank(url, n, due_reps, result, profile)
-    fair_dispatch(url, n, due_reps, result, profile)
+    flush(url)
+    fair_rank(url, n, due_reps, result, profile, declare)
+    flush(url)
+    fair_dispatch(url, n, due_reps, result, profile, declare)
+    if declare == "family":
+        flush(url)
+        fair_startup(url, n, result)
+
+
+def flush(url: str) -> None:
+    redis.Redis.from_url(url).flushdb()
 
 
 # -- celery-redbeat ---------------------------------------------------------------------------
@@ -320,6 +437,9 @@ def run_redbeat(url: str, n: int, reps: int, due_reps: int, result: dict[str, An
     app = peer_app(url, "bench-redbeat", n)
     app.conf.redbeat_redis_url = url
     app.conf.redbeat_key_prefix = "tc-redbeat:"
+    # Its lock outlives the longest tick measured (sending 100,000 due entries takes longer
+    # than the default of five loop intervals), as FairScheduler's does.
+    app.conf.redbeat_lock_timeout = int(BEAT_LOCK_TTL_S)
     result["memory"]["app_kib"] = proc_kib("VmRSS")
     start = time.perf_counter()
     sched = redbeat_schedulers.RedBeatScheduler(app=app)
@@ -418,6 +538,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--due-reps", type=int, default=5, help="due cycles timed")
     parser.add_argument("--profile", action="store_true",
                         help="FairScheduler: also profile one tick of each scenario")
+    parser.add_argument("--declare", choices=["family", "tasks"], default="family",
+                        help="FairScheduler: lanes as members of two lane families (default) "
+                             "or as N Celery tasks")
     parser.add_argument("--budget", type=float, default=180.0,
                         help="seconds PersistentScheduler may take to send all due entries")
     args = parser.parse_args(argv)
@@ -427,7 +550,9 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"scheduler": args.scheduler, "lanes": args.lanes,
                               "memory": {"baseline_kib": proc_kib("VmRSS")}}
     if args.scheduler == "fair":
-        run_fair(args.redis, args.lanes, args.reps, args.due_reps, result, args.profile)
+        run_fair(args.redis, args.lanes, args.reps, args.due_reps, result, args.profile,
+                 args.declare)
+        result["declare"] = args.declare
     elif args.scheduler == "redbeat":
         run_redbeat(args.redis, args.lanes, args.reps, args.due_reps, result)
     else:

@@ -6,10 +6,18 @@ Declare a lane::
 
     @app.task(base=LaneTask, bind=True, lane=Lane(cadence_s=600, kind=LaneKind.HEAVY))
     def summary(self): ...
+
+The declaration values come from the pure core and load nothing else. The names that need
+Celery or pydantic (``LaneTask``, ``configure_app``, ``Settings``, ...) load on first use, so
+``import schedproj.core...`` stays free of them (tests/test_architecture.py checks it).
 """
 
-from schedproj.config import configure_app, create_app
-from schedproj.errors import (
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+from schedproj.core.errors import (
     BeatLockLost,
     ConfigurationError,
     LaneDeclarationError,
@@ -17,10 +25,40 @@ from schedproj.errors import (
     SchedprojError,
     StateError,
 )
-from schedproj.lanes import DeferralReason, DeploymentClass, Gate, GateCondition, Lane, LaneKind
-from schedproj.picker import Policy
-from schedproj.settings import Profile, Settings
-from schedproj.task import LaneTask, current_run
+from schedproj.core.lanes import (
+    DeferralReason,
+    DeploymentClass,
+    Gate,
+    GateCondition,
+    Lane,
+    LaneKind,
+    Profile,
+)
+from schedproj.core.picker import Policy
+
+if TYPE_CHECKING:
+    from schedproj.on_celery.config import configure_app, create_app
+    from schedproj.on_celery.task import LaneTask, current_run
+    from schedproj.settings import Settings
+
+#: Public names that live outside the pure core: where each one is loaded from on first use.
+_LAZY = {
+    "configure_app": "schedproj.on_celery.config",
+    "create_app": "schedproj.on_celery.config",
+    "LaneTask": "schedproj.on_celery.task",
+    "current_run": "schedproj.on_celery.task",
+    "Settings": "schedproj.settings",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'schedproj' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "BeatLockLost",

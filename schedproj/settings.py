@@ -9,27 +9,20 @@ from __future__ import annotations
 import difflib
 import logging
 import os
-from enum import StrEnum
-from typing import Any
+import ssl
+from typing import Any, Literal
 
-from pydantic import AliasChoices, Field, ValidationError, model_validator
+from pydantic import AliasChoices, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from schedproj import defaults
-from schedproj.errors import ConfigurationError
-from schedproj.picker import Policy
-from schedproj.redis_conn import mask
+from schedproj.core import defaults
+from schedproj.core.errors import ConfigurationError
+from schedproj.core.lanes import Profile
+from schedproj.core.picker import Policy
+from schedproj.core.pressure import DEFAULT_MIN_HOLD_S, DEFAULT_TARGET_RATIO, PressureRule
+from schedproj.store.connection import mask
 
 logger = logging.getLogger(__name__)
-
-
-class Profile(StrEnum):
-    """Deployment profile (ADR-0014): which lane deployment classes may run here."""
-
-    #: A developer or on-premises host: every lane may run.
-    LOCAL = "local"
-    #: A cloud deployment: lanes declared local-only are disabled.
-    CLOUD = "cloud"
 
 
 class Settings(BaseSettings):
@@ -66,20 +59,6 @@ class Settings(BaseSettings):
         default=1.0, gt=0,
         description="Multiplies every lane duration (cadence, retry, gate bound); for demos.",
     )
-    rem_window_words: int = Field(
-        default=1000, gt=0,
-        description="Model context window (words): longer sessions need per-turn backfill.",
-    )
-    rem_batch: int = Field(default=50, gt=0, description="Items per REM lane batch.")
-    rem_summarizer: str | None = Field(
-        default=None,
-        description="'module:factory' of your summarizer; default: local extractive.",
-    )
-    rem_summarizer_latency_s: float = Field(
-        default=0.0, ge=0, description="Simulated model latency per summarizer call (demo)."
-    )
-    rem_backup_dir: str = Field(default="backups", min_length=1)
-    rem_backup_keep: int = Field(default=7, gt=0)
     sentry_dsn: str | None = Field(
         default=None, validation_alias=AliasChoices("SENTRY_DSN", "SCHEDPROJ_SENTRY_DSN"),
         description="Turns sentry-sdk on in beat and every worker.",
@@ -99,13 +78,51 @@ class Settings(BaseSettings):
         default=None, ge=0, le=65535, description="Beat serves Prometheus metrics here."
     )
     metrics_host: str = Field(default="127.0.0.1", description="Bind address for metrics.")
+    metrics_per_member: bool = Field(
+        default=False, description="Export the per-lane series for every lane family member "
+        "too (a 10,000-member family makes 10,000 series of each); off, families are exported "
+        "as per-family aggregates only.")
+    status_user: str | None = Field(
+        default=None,
+        description="Basic-auth user for the status page and its JSON (served with the "
+        "metrics); required, with SCHEDPROJ_STATUS_PASSWORD, when SCHEDPROJ_METRICS_HOST is "
+        "not a loopback address.",
+    )
+    status_password: SecretStr | None = Field(
+        default=None, description="Basic-auth password for the status page and its JSON.",
+    )
     starvation_threshold_s: float = Field(
         default=3600.0, gt=0,
         description="A due heavy lane waiting longer than this degrades the watchdog posture.",
     )
     lease_ttl_s: float = Field(default=defaults.LEASE_TTL_S, gt=0)
     start_deadline_s: float = Field(default=defaults.START_DEADLINE_S, gt=0)
+    test_freeze_before_send_s: float = Field(
+        default=0.0, ge=0,
+        description="Test hook, never for production: beat stalls this long between recording "
+        "a dispatch and sending it (the chaos run's beat-freeze fault).",
+    )
+    state_loss_quarantine_s: float | None = Field(
+        default=None, gt=0,
+        description="After Redis lost state (restart, failover), no heavy lease is granted for "
+        "this long while earlier holders re-assert theirs; default: the lease TTL plus one "
+        "renewal interval (4/3 of the TTL).",
+    )
     hold_cap_s: float = Field(default=defaults.HOLD_CAP_S, gt=0)
+    pressure_yield: bool = Field(
+        default=True,
+        description="A heavy run also yields before the hold cap when a waiting heavy lane "
+        "presses (SCHEDPROJ_PRESSURE_TARGET_RATIO, SCHEDPROJ_PRESSURE_MIN_HOLD_S).",
+    )
+    pressure_target_ratio: float = Field(
+        default=DEFAULT_TARGET_RATIO, gt=0,
+        description="Staleness ratio (dimensionless) a waiting heavy lane must reach to make "
+        "the holder yield; a priority-0 lane presses at once.",
+    )
+    pressure_min_hold_s: float = Field(
+        default=DEFAULT_MIN_HOLD_S, ge=0,
+        description="Seconds a heavy run holds the lease before pressure can make it yield.",
+    )
     max_hold_s: float = Field(default=defaults.MAX_HOLD_S, gt=0)
     beat_lock_ttl_s: float = Field(default=defaults.BEAT_LOCK_TTL_S, gt=0)
     beat_max_loop_interval_s: float = Field(default=defaults.BEAT_MAX_LOOP_INTERVAL_S, gt=0)
@@ -117,9 +134,37 @@ class Settings(BaseSettings):
     heavy_time_limit_s: float = Field(default=defaults.HEAVY_TIME_LIMIT_S, gt=0)
     light_time_limit_s: float = Field(default=defaults.LIGHT_TIME_LIMIT_S, gt=0)
     visibility_timeout_s: float = Field(default=defaults.VISIBILITY_TIMEOUT_S, gt=0)
+    rabbitmq_consumer_timeout_s: float = Field(
+        default=defaults.RABBITMQ_CONSUMER_TIMEOUT_S, ge=0,
+        description="RabbitMQ's consumer_timeout as the broker has it (rabbitmq.conf, in ms "
+        "there; seconds here; 0 = disabled on the server). With an amqp:// broker, every hard "
+        "time limit must stay below it, or RabbitMQ closes the worker's channel mid-run and "
+        "redelivers the message.",
+    )
+    redis_ssl_ca_certs: str | None = Field(
+        default=None,
+        description="CA bundle (PEM) that signed the Redis server's certificate, for every "
+        "rediss:// URL (broker, state, audit); default: the system's CAs. A URL's own "
+        "?ssl_ca_certs= wins.",
+    )
+    redis_ssl_certfile: str | None = Field(
+        default=None, description="Client certificate (PEM) for Redis servers that verify "
+        "clients (tls-auth-clients yes).")
+    redis_ssl_keyfile: str | None = Field(
+        default=None, description="Private key of SCHEDPROJ_REDIS_SSL_CERTFILE.")
+    redis_ssl_cert_reqs: Literal["required", "optional", "none"] = Field(
+        default="required",
+        description="Verify the Redis server's certificate: required (default), optional, "
+        "or none (no verification: only for testing).",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
+        if self.redis_url is None and not self.broker_url.startswith(("redis://", "rediss://")):
+            raise ValueError(
+                "SCHEDPROJ_REDIS_URL: the broker is not Redis, so set SCHEDPROJ_REDIS_URL to "
+                "the Redis that holds lane state and the lease"
+            )
         checks = [
             (
                 self.beat_lock_ttl_s
@@ -131,13 +176,19 @@ class Settings(BaseSettings):
                 f"(or lower SCHEDPROJ_BEAT_MAX_LOOP_INTERVAL_S)",
             ),
             (
-                self.heavy_time_limit_s < self.visibility_timeout_s,
+                self.broker_is_amqp or self.heavy_time_limit_s < self.visibility_timeout_s,
                 "SCHEDPROJ_HEAVY_TIME_LIMIT_S",
                 f"heavy hard time limit {self.heavy_time_limit_s}s must be below the broker "
                 f"visibility timeout {self.visibility_timeout_s}s, or a long heavy run is "
                 f"redelivered while it still runs; lower it or raise "
                 f"SCHEDPROJ_VISIBILITY_TIMEOUT_S",
             ),
+            *[(self.consumer_timeout_allows(limit), f"SCHEDPROJ_{kind.upper()}_TIME_LIMIT_S",
+               consumer_timeout_problem(f"{kind} hard time limit {limit:g}s",
+                                        self.rabbitmq_consumer_timeout_s,
+                                        f"lower SCHEDPROJ_{kind.upper()}_TIME_LIMIT_S"))
+              for kind, limit in (("heavy", self.heavy_time_limit_s),
+                                  ("light", self.light_time_limit_s))],
             (
                 self.heavy_time_limit_s < self.max_hold_s,
                 "SCHEDPROJ_HEAVY_TIME_LIMIT_S",
@@ -160,12 +211,56 @@ class Settings(BaseSettings):
         for ok, name, message in checks:
             if not ok:
                 raise ValueError(f"{name}: {message}")
-        if self.redis_url is None and not self.broker_url.startswith(("redis://", "rediss://")):
-            raise ValueError(
-                "SCHEDPROJ_REDIS_URL: the broker is not Redis, so set SCHEDPROJ_REDIS_URL to "
-                "the Redis that holds lane state and the lease"
-            )
         return self
+
+    @property
+    def broker_is_amqp(self) -> bool:
+        """True when the broker is RabbitMQ (an AMQP URL), not Redis."""
+        return self.broker_url.split("://", 1)[0].lower() in AMQP_SCHEMES
+
+    def consumer_timeout_allows(self, limit_s: float) -> bool:
+        """Whether a run of at most ``limit_s`` is acknowledged before RabbitMQ's
+        consumer_timeout (always, on a Redis broker or when the timeout is disabled)."""
+        timeout = self.rabbitmq_consumer_timeout_s
+        return not self.broker_is_amqp or timeout == 0 or limit_s < timeout
+
+    @property
+    def redis_tls(self) -> dict[str, str]:
+        """TLS options for every ``rediss://`` client, as redis-py's URL query names them."""
+        options: dict[str, str] = {"ssl_cert_reqs": self.redis_ssl_cert_reqs}
+        for name, value in (("ssl_ca_certs", self.redis_ssl_ca_certs),
+                            ("ssl_certfile", self.redis_ssl_certfile),
+                            ("ssl_keyfile", self.redis_ssl_keyfile)):
+            if value:
+                options[name] = value
+        return options
+
+    def broker_ssl(self) -> dict[str, Any] | None:
+        """Celery's ``broker_use_ssl`` for a ``rediss://`` broker: the settings' TLS options
+        (a URL's own ``ssl_*`` query parameters take precedence in kombu); None otherwise.
+        Without it kombu would not verify the server's certificate at all."""
+        if not self.broker_url.lower().startswith("rediss"):
+            return None
+        options: dict[str, Any] = dict(self.redis_tls)
+        options["ssl_cert_reqs"] = CERT_REQS[self.redis_ssl_cert_reqs]
+        return options
+
+    @property
+    def quarantine_s(self) -> float:
+        """How long nothing new is granted after a state loss: every holder renews every third
+        of the TTL, so within a TTL and one renewal interval each has re-asserted its lease or
+        (unable to reach Redis for two thirds of a TTL) flagged itself lost."""
+        if self.state_loss_quarantine_s is not None:
+            return self.state_loss_quarantine_s
+        return self.lease_ttl_s * defaults.QUARANTINE_TTL_RATIO
+
+    @property
+    def pressure_rule(self) -> PressureRule | None:
+        """The pressure-aware yielding rule, or None when it is off."""
+        if not self.pressure_yield:
+            return None
+        return PressureRule(target_ratio=self.pressure_target_ratio,
+                            min_hold_s=self.pressure_min_hold_s)
 
     @property
     def state_redis_url(self) -> str:
@@ -190,34 +285,60 @@ class Settings(BaseSettings):
         try:
             return cls(**overrides)
         except ValidationError as exc:
-            problems = []
-            for err in exc.errors():
-                message = str(err["msg"]).removeprefix("Value error, ")
-                if not err["loc"]:
-                    # A cross-field check: its message names the variable; the input is the
-                    # whole settings dict, which may hold credentials, so it is not echoed.
-                    problems.append(message)
-                    continue
-                where = ".".join(str(p) for p in err["loc"])
-                got = err.get("input")
-                if isinstance(got, str) and "url" in where:
-                    got = mask(got)  # never echo a password
-                env = "CELERY_BROKER_URL" if where == "broker_url" else f"SCHEDPROJ_{where.upper()}"
-                problems.append(f"{env}: {message} (got {got!r})")
             raise ConfigurationError(
-                "invalid schedproj settings:\n  " + "\n  ".join(problems)
+                "invalid schedproj settings:\n  " + "\n  ".join(explain(exc, "SCHEDPROJ_"))
             ) from None
+
+
+#: Broker URL schemes that mean RabbitMQ (kombu's AMQP transports).
+AMQP_SCHEMES = frozenset({"amqp", "amqps", "pyamqp", "librabbitmq"})
+#: ``ssl_cert_reqs`` names to the ``ssl`` module's constants (what kombu's ``ssl`` dict takes).
+CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL,
+             "none": ssl.CERT_NONE}
+
+
+def consumer_timeout_problem(what: str, timeout_s: float, lower: str) -> str:
+    """Why a time limit clashes with RabbitMQ's consumer_timeout, and the two fixes."""
+    return (f"{what} is not below RabbitMQ's consumer_timeout {timeout_s:g}s "
+            f"(SCHEDPROJ_RABBITMQ_CONSUMER_TIMEOUT_S; RabbitMQ's default is 1800s), so RabbitMQ "
+            f"would close the worker's channel and redeliver the message while the run goes "
+            f"on; {lower}, or raise consumer_timeout on the server (rabbitmq.conf: "
+            f"consumer_timeout = <ms>) and set SCHEDPROJ_RABBITMQ_CONSUMER_TIMEOUT_S to match")
+
+
+def explain(exc: ValidationError, env_prefix: str) -> list[str]:
+    """One line per problem, naming the environment variable, what is wrong and what it got
+    (URLs masked: never echo a password)."""
+    problems = []
+    for err in exc.errors():
+        message = str(err["msg"]).removeprefix("Value error, ")
+        if not err["loc"]:
+            # A cross-field check: its message names the variable; the input is the whole
+            # settings dict, which may hold credentials, so it is not echoed.
+            problems.append(message)
+            continue
+        where = ".".join(str(p) for p in err["loc"])
+        got = err.get("input")
+        if isinstance(got, str) and "url" in where:
+            got = mask(got)
+        env = "CELERY_BROKER_URL" if where == "broker_url" else f"{env_prefix}{where.upper()}"
+        problems.append(f"{env}: {message} (got {got!r})")
+    return problems
 
 
 #: Variables with the prefix that are not settings: read by the start scripts, not by Python.
 NON_SETTING_ENV = frozenset({"SCHEDPROJ_APP"})
+#: Prefixes of settings that belong to a wing's own settings object, which checks them itself
+#: (the REM lanes: :class:`schedproj.rem.settings.RemSettings`).
+WING_ENV_PREFIXES = ("SCHEDPROJ_REM_",)
 
 
 def _warn_unknown_env() -> None:
     """A misspelled variable would silently keep its default: say so, with a suggestion."""
     known = {f"SCHEDPROJ_{name.upper()}" for name in Settings.model_fields} | NON_SETTING_ENV
     for name in sorted(os.environ):
-        if not name.startswith("SCHEDPROJ_") or name in known:
+        if (not name.startswith("SCHEDPROJ_") or name in known
+                or name.startswith(WING_ENV_PREFIXES)):
             continue
         close = difflib.get_close_matches(name, sorted(known), n=1)
         hint = f"; did you mean {close[0]}?" if close else ""

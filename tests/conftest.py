@@ -14,8 +14,10 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 
-from schedproj.keys import Keys
-from schedproj.redis_conn import connect
+from schedproj.store.connection import connect, mask
+from schedproj.store.lane_store import LaneStore
+from schedproj.store.protocol import Keys
+from tests import rabbitmq
 
 #: Integration tests share this database and keep apart by key prefix (no FLUSHDB).
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
@@ -35,6 +37,36 @@ def _redis_or_skip(url: str) -> redis.Redis:
     return client
 
 
+@pytest.fixture(autouse=True)
+def _environment_restored() -> Iterator[None]:
+    """Put ``os.environ`` back after every test: in-process CLI calls (``--lanes`` sets
+    ``SCHEDPROJ_LANE_MODULES`` for ``schedproj.app``, as it must in a real process) would
+    otherwise leak lanes into the apps later tests build."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+@pytest.fixture(autouse=True)
+def _no_shared_rem_lanes_in_later_apps() -> Iterator[None]:
+    """The REM lanes are Celery shared tasks: once a test imports them in-process (the
+    simulator's forensic scenario reads their declarations), Celery adds them to every app
+    created afterwards, where they would win other tests' ticks (backup is priority-0). After
+    each test, forget those registrations (tests that run the REM lanes do so in child
+    processes)."""
+    yield
+    from celery import _state
+
+    for callback in list(_state._on_app_finalizers):
+        cells = getattr(callback, "__closure__", None) or ()
+        for cell in cells:
+            fun = cell.cell_contents
+            if getattr(fun, "__module__", "") == "schedproj.rem.lanes":
+                _state._on_app_finalizers.discard(callback)
+                break
+
+
 @pytest.fixture
 def redis_url() -> str:
     return REDIS_URL
@@ -47,10 +79,18 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
     client.close()
 
 
+def declare_fresh(client: redis.Redis, prefix: str) -> None:
+    """Say that nothing ever ran under ``prefix``: a new deployment needs no state-loss
+    quarantine before its first heavy grant (tests of the quarantine don't call this)."""
+    assert LaneStore(client, Keys(prefix)).declare_fresh(), f"{prefix}: state exists"
+
+
 @pytest.fixture
 def key_prefix(redis_client: redis.Redis) -> Iterator[str]:
-    """A fresh prefix per test; its keys are deleted afterwards."""
+    """A fresh prefix per test, declared a new deployment (no state-loss quarantine before its
+    first grant); its keys are deleted afterwards."""
     prefix = f"t-{uuid.uuid4().hex[:12]}"
+    declare_fresh(redis_client, prefix)
     yield prefix
     keys = list(redis_client.scan_iter(f"{prefix}:*"))
     if keys:
@@ -62,8 +102,43 @@ def e2e_redis() -> Iterator[redis.Redis]:
     """The end-to-end database, flushed: real processes share its queues and state."""
     client = _redis_or_skip(E2E_REDIS_URL)
     client.flushdb()
+    declare_fresh(client, "schedproj")
     yield client
     client.close()
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_url() -> Iterator[str]:
+    """A private vhost on the local RabbitMQ for this session (tests/rabbitmq.py). Skips on a
+    developer machine without RabbitMQ; under CI (``CI`` set), where ``.ci/run`` starts it,
+    its absence fails."""
+    url = os.environ.get("TEST_AMQP_URL") or f"{rabbitmq.SERVER_URL}//"
+    why = rabbitmq.problem(url)
+    vhost = rabbitmq.session_vhost()
+    if why is None:
+        try:
+            url = next(vhost)
+        except RuntimeError as exc:  # no rabbitmqctl, or it may not talk to the server
+            why = f"cannot make a vhost: {exc}"
+    if why is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"RabbitMQ is required under CI and is not usable at {mask(url)}: "
+                        f"{why}")
+        pytest.skip(f"no usable RabbitMQ at {mask(url)} ({why})")
+    yield url
+    next(vhost, None)  # deletes the vhost
+
+
+@pytest.fixture(params=["redis", "amqp"])
+def broker(request: pytest.FixtureRequest, e2e_redis: redis.Redis) -> rabbitmq.Broker:
+    """The broker of an end-to-end test, once Redis (the state Redis's database) and once
+    RabbitMQ (a session vhost, its queues emptied first); lane state and the lease stay on
+    Redis either way."""
+    if request.param == "redis":
+        return rabbitmq.Broker("redis", E2E_REDIS_URL, {"CELERY_BROKER_URL": E2E_REDIS_URL})
+    url = request.getfixturevalue("rabbitmq_url")
+    rabbitmq.empty_queues(url)
+    return rabbitmq.Broker("amqp", url, rabbitmq.amqp_env(url))
 
 
 def token() -> str:

@@ -60,6 +60,12 @@ def sleeper(task: LaneTask, lane: str, seconds: float) -> None:
     record(lane, start, task.fence)
 
 
+if os.environ.get("E2E_SENTRY_CAPTURE"):
+    # Any scenario can capture what Sentry would be sent (see tests/sentry_capture.py).
+    from tests import sentry_capture
+
+    sentry_capture.activate_from_env()
+
 if SCENARIO == "fairness":
     @shared_task(base=LaneTask, bind=True, name="e2e.backlog",
                  lane=Lane(cadence_s=3, kind=LaneKind.HEAVY, order=10))
@@ -174,8 +180,8 @@ elif SCENARIO == "sentry":
         sleeper(self, "e2e-sentry-fine", 0.05)
 
 elif SCENARIO == "partition":
-    from schedproj.audit import FencedLedger
-    from schedproj.errors import LeaseLost
+    from schedproj.chaos.audit import FencedLedger
+    from schedproj.core.errors import LeaseLost
 
     def _ledger() -> FencedLedger:
         return FencedLedger(client(), PREFIX)
@@ -199,3 +205,51 @@ elif SCENARIO == "partition":
                     time.sleep(0.2)
             if not accepted:
                 raise LeaseLost(f"fence {self.fence} refused at step {step}")
+
+elif SCENARIO == "pressure":
+    # Pressure-aware yielding (issue 14): a hog whose run would hold the lease 20 s, checking
+    # should_yield() every 0.2 s, and a 2-second lane that waits behind it.
+    HOG_STEP_S = 0.2
+
+    @shared_task(base=LaneTask, bind=True, name="e2e.hog",
+                 lane=Lane(cadence_s=3600, kind=LaneKind.HEAVY, order=10))
+    def hog(self: LaneTask) -> None:
+        start = time.time()
+        client().rpush(f"{PREFIX}:e2e:started", json.dumps({"lane": "e2e.hog", "start": start,
+                                                            "fence": self.fence}))
+        left = int(client().get(f"{PREFIX}:e2e:hog-steps") or 0)
+        checks: list[float] = []
+        while left > 0:
+            checks.append(time.time())
+            if self.should_yield():
+                break
+            time.sleep(HOG_STEP_S)
+            left = int(client().decr(f"{PREFIX}:e2e:hog-steps"))
+        self.report_backlog(max(0, left))
+        # The last two checkpoints: the one that said "yield" and the one before it.
+        record("e2e.hog", start, self.fence, left=max(0, left), checks=checks[-2:])
+
+    @shared_task(base=LaneTask, bind=True, name="e2e.short",
+                 lane=Lane(cadence_s=2, kind=LaneKind.HEAVY, order=20))
+    def short(self: LaneTask) -> None:
+        sleeper(self, "e2e.short", 0.3)
+
+elif SCENARIO == "family":
+    # Issue 11: a heavy lane family of many members (one per repository) next to ordinary
+    # lanes, heavy and light.
+    from schedproj.core.families import LaneFamily
+
+    @shared_task(base=LaneTask, bind=True, name="e2e.repo-sync",
+                 lane=LaneFamily(cadence_s=30, kind=LaneKind.HEAVY, jitter=0.2, order=20))
+    def repo_sync(self: LaneTask, key: str) -> None:
+        sleeper(self, f"e2e.repo-sync[{key}]", 0.01)
+
+    @shared_task(base=LaneTask, bind=True, name="e2e.plain-heavy",
+                 lane=Lane(cadence_s=1.5, kind=LaneKind.HEAVY, order=10))
+    def plain_heavy(self: LaneTask) -> None:
+        sleeper(self, "e2e.plain-heavy", 0.05)
+
+    @shared_task(base=LaneTask, bind=True, name="e2e.plain-light",
+                 lane=Lane(cadence_s=1, kind=LaneKind.LIGHT, order=30))
+    def plain_light(self: LaneTask) -> None:
+        sleeper(self, "e2e.plain-light", 0.01)

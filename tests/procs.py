@@ -6,7 +6,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from schedproj.processes import Spawned, spawn, stop_all, wait_for
+from schedproj.devtools.processes import Spawned, spawn, stop_all, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -21,7 +21,7 @@ FAST_SETTINGS = {
 }
 
 
-#: A started celery process (see schedproj.processes.Spawned).
+#: A started celery process (see schedproj.devtools.processes.Spawned).
 Proc = Spawned
 
 

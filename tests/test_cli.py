@@ -15,7 +15,7 @@ from tests.conftest import E2E_REDIS_URL
 from tests.procs import FAST_SETTINGS
 
 ROOT = Path(__file__).resolve().parent.parent
-SCHEDPROJ = [sys.executable, "-m", "schedproj.cli"]
+SCHEDPROJ = [sys.executable, "-m", "schedproj.ops.cli"]
 
 
 def run(*args: str, env: dict[str, str] | None = None,
@@ -61,9 +61,9 @@ def test_up_runs_beat_and_one_worker_per_queue(e2e_redis: redis.Redis) -> None:
 
 
 def test_settings_errors_never_print_a_password() -> None:
-    from schedproj.errors import ConfigurationError
-    from schedproj.redis_conn import mask
+    from schedproj.core.errors import ConfigurationError
     from schedproj.settings import Settings
+    from schedproj.store.connection import mask
 
     assert mask("rediss://user:s3cret@host:6380/1") == "rediss://user:***@host:6380/1"
     assert mask("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
@@ -73,7 +73,7 @@ def test_settings_errors_never_print_a_password() -> None:
 
 
 def test_unknown_settings_are_named() -> None:
-    from schedproj.errors import ConfigurationError
+    from schedproj.core.errors import ConfigurationError
     from schedproj.settings import Settings
 
     with pytest.raises(ConfigurationError, match="hold_cap"):

@@ -1,9 +1,10 @@
 """The compose deployment (``compose/``) and the start scripts it shares with bare metal.
 
-Docker cannot run here, so the compose file is checked as data (against the scripts and the
-settings), and the scripts it runs are run for real: ``workers/heavy.sh``, ``workers/light.sh``
+The compose file is checked as data (against the scripts and the settings), parsed by Compose
+v2 itself, and the scripts it runs are run for real: ``workers/heavy.sh``, ``workers/light.sh``
 and ``beat/beat.sh`` against the end-to-end Redis database, health-checked with the very
-commands the compose file declares, then stopped with SIGTERM.
+commands the compose file declares, then stopped with SIGTERM. The whole deployment under a
+real Docker engine: ``tests/test_compose_docker.py``.
 """
 
 from __future__ import annotations
@@ -30,12 +31,13 @@ import pytest
 import redis
 import yaml
 
-from schedproj.settings import NON_SETTING_ENV, Settings
+from schedproj import Settings
 from tests.conftest import E2E_REDIS_URL
 from tests.procs import FAST_SETTINGS, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = ROOT / "compose" / "docker-compose.yml"
+TEST_OVERRIDE = ROOT / "compose" / "docker-compose.test.yml"
 DOCKERFILE = ROOT / "compose" / "Dockerfile"
 SCRIPTS = {
     "heavy": ROOT / "workers" / "heavy.sh",
@@ -49,6 +51,8 @@ PUBLIC_COMMANDS = {
     "beat": ["-A", "schedproj.app", "beat", "-S", "fair"],
 }
 PREFIX = "schedproj"
+#: Variables the start scripts read that are not settings (the Celery app to run).
+NON_SETTING_ENV = frozenset({"SCHEDPROJ_APP"})
 #: Compose interpolation: ``$$`` (a literal dollar) or ``${NAME}``, ``${NAME:-x}``, ``${NAME-x}``,
 #: ``${NAME:?msg}``, ``${NAME?msg}``, ``${NAME:+x}``; a bare ``$NAME`` is interpolated too.
 INTERPOLATION = re.compile(
@@ -164,7 +168,11 @@ def test_image_holds_the_scripts_where_compose_runs_them(services: dict[str, Any
 
 def test_dockerfile_installs_the_project_as_non_root_without_dev_deps() -> None:
     text = DOCKERFILE.read_text()
-    assert re.search(r"^FROM\s+python:3\.11-slim\s*$", text, re.M)
+    # The base image is a build argument whose default is the public Python image (a machine
+    # without Docker Hub passes a local one: scripts/docker_base.sh).
+    default = re.search(r"^ARG\s+PYTHON_IMAGE=(\S+)\s*$", text, re.M)
+    assert default and default.group(1) == "python:3.11-slim", "ARG PYTHON_IMAGE=python:3.11-slim"
+    assert re.findall(r"^FROM\s+(\S+)", text, re.M) == ["${PYTHON_IMAGE}"]
     installs = re.findall(r"pip install[^\n]*", text)
     assert installs, "the project is not installed"
     assert not any("[test]" in line or "-e " in line or "requirements-dev" in line
@@ -287,20 +295,43 @@ def test_every_dollar_is_a_valid_interpolation_or_escaped(compose: dict[str, Any
             assert not m.group("bare"), f"unescaped ${m.group('bare')} in {text!r}"
 
 
-def _compose_cli() -> list[str] | None:
-    docker = shutil.which("docker")
-    if docker and subprocess.run([docker, "compose", "version"], capture_output=True,
-                                 timeout=30).returncode == 0:
-        return [docker, "compose"]
-    legacy = shutil.which("docker-compose")
-    return [legacy] if legacy else None
+def _compose_version(cli: list[str]) -> str | None:
+    try:
+        out = subprocess.run([*cli, "version", "--short"], capture_output=True, text=True,
+                             timeout=30)
+    except OSError:
+        return None
+    return out.stdout.strip().lstrip("v") if out.returncode == 0 else None
+
+
+def _compose_cli() -> tuple[list[str] | None, str]:
+    """A Compose v2 command, else (None, why). The file is written to the Compose
+    Specification (no ``version:`` key, top-level ``name:``), which only Compose v2 reads;
+    Debian's docker-compose 1.x rejects it, so a v1 found on the path is passed over."""
+    candidates: list[list[str]] = []
+    if shutil.which("docker"):
+        candidates.append(["docker", "compose"])
+    if shutil.which("docker-compose"):
+        candidates.append(["docker-compose"])
+    seen = []
+    for cli in candidates:
+        version = _compose_version(cli)
+        if version and version.split(".")[0] == "2":
+            return cli, version
+        if version:
+            seen.append(f"{' '.join(cli)} {version}")
+    why = "no Compose v2 (docker compose plugin) is installed; bash scripts/setup.sh installs it"
+    return None, why + (f" (found only {', '.join(seen)}, which cannot read the file)"
+                        if seen else "")
 
 
 def test_docker_compose_config_accepts_the_file() -> None:
     """``docker compose config`` only parses and interpolates (no engine needed)."""
-    cli = _compose_cli()
+    cli, why = _compose_cli()
     if cli is None:
-        pytest.skip("the docker compose plugin is not installed")
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
     cmd = [*cli, "-f", str(COMPOSE_FILE), "config", "--quiet"]
     env = {k: v for k, v in os.environ.items() if k != "FLOWER_BASIC_AUTH"}
     ok = subprocess.run(cmd, env={**env, "FLOWER_BASIC_AUTH": "admin:secret"},
@@ -308,6 +339,39 @@ def test_docker_compose_config_accepts_the_file() -> None:
     assert ok.returncode == 0, ok.stderr
     missing = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
     assert missing.returncode != 0 and "FLOWER_BASIC_AUTH" in missing.stderr
+
+
+def test_test_override_puts_every_service_on_loopback_of_the_hosts_network() -> None:
+    """The merged view ``tests/test_compose_docker.py`` runs: host networking everywhere (so
+    the engine makes no bridge and no network), nothing published, everything on 127.0.0.1."""
+    cli, why = _compose_cli()
+    if cli is None:
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SCHEDPROJ_", "FLOWER_"))}
+    env.update({"FLOWER_BASIC_AUTH": "admin:secret", "SCHEDPROJ_TEST_REDIS_PORT": "16391",
+                "SCHEDPROJ_TEST_FLOWER_PORT": "15556", "SCHEDPROJ_TEST_METRICS_PORT": "19809"})
+    out = subprocess.run([*cli, "-f", str(COMPOSE_FILE), "-f", str(TEST_OVERRIDE),
+                          "config", "--format", "json"], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    merged = json.loads(out.stdout)
+    assert not merged.get("networks"), "no network of the project's own"
+    for name, svc in merged["services"].items():
+        assert svc.get("network_mode") == "host", name
+        assert not svc.get("ports"), f"{name} publishes {svc['ports']}"
+        for key, value in (svc.get("environment") or {}).items():
+            if str(value).startswith("redis://"):
+                assert value == "redis://127.0.0.1:16391/0", (name, key, value)
+    assert "--address=127.0.0.1" in merged["services"]["flower"]["command"]
+    assert "--port=15556" in merged["services"]["flower"]["command"]
+    beat = merged["services"]["beat"]["environment"]
+    assert (beat["SCHEDPROJ_METRICS_HOST"], beat["SCHEDPROJ_METRICS_PORT"]) == (
+        "127.0.0.1", "19809")
+    redis_cmd = merged["services"]["redis"]["command"]
+    assert redis_cmd[redis_cmd.index("--bind") + 1] == "127.0.0.1"
+    assert redis_cmd[redis_cmd.index("--appendonly") + 1] == "yes"
 
 
 # -- the same commands, run for real ---------------------------------------------------------

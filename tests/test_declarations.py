@@ -19,9 +19,9 @@ from celery import Celery
 from pydantic import ValidationError
 
 from schedproj import LaneTask, configure_app
-from schedproj.config import lane_set_for
-from schedproj.errors import ConfigurationError, LaneDeclarationError, StateError
-from schedproj.lanes import (
+from schedproj.core.deferrals import Deferral
+from schedproj.core.errors import ConfigurationError, LaneDeclarationError, StateError
+from schedproj.core.lanes import (
     DeferralReason,
     DeploymentClass,
     Gate,
@@ -29,11 +29,10 @@ from schedproj.lanes import (
     Lane,
     LaneKind,
     LaneSpec,
+    Profile,
 )
-from schedproj.registry import build_lane_set
-from schedproj.settings import Profile, Settings
-from schedproj.state import (
-    Deferral,
+from schedproj.core.laneset import build_lane_set
+from schedproj.core.records import (
     LeaseView,
     Outcome,
     RunRecord,
@@ -41,6 +40,8 @@ from schedproj.state import (
     decode,
     encode,
 )
+from schedproj.on_celery.config import lane_set_for
+from schedproj.settings import Settings
 
 HEAVY = LaneKind.HEAVY
 LIGHT = LaneKind.LIGHT
@@ -447,7 +448,9 @@ def test_amqp_broker_needs_redis_url(clean_env: None, monkeypatch: pytest.Monkey
     assert "SCHEDPROJ_REDIS_URL" in str(config_error(CELERY_BROKER_URL=amqp))
     monkeypatch.setenv("CELERY_BROKER_URL", amqp)
     assert "SCHEDPROJ_REDIS_URL" in str(config_error())
-    settings = Settings.load(redis_url="redis://state:6379/2")
+    # On RabbitMQ the heavy time limit must also stay below its consumer_timeout (30 min by
+    # default; tests/test_rabbitmq.py), so the 2 h default is lowered here.
+    settings = Settings.load(redis_url="redis://state:6379/2", heavy_time_limit_s=1200)
     assert settings.broker_url == amqp
     assert settings.state_redis_url == "redis://state:6379/2"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from schedproj.embedded import answers, free_port
+from schedproj.devtools.embedded import answers, free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -21,7 +21,7 @@ def demo(*args: str, env: dict[str, str] | None = None) -> dict:
     base = {k: v for k, v in os.environ.items()
             if not k.startswith("SCHEDPROJ_") and k != "CELERY_BROKER_URL"}
     out = subprocess.run(
-        [sys.executable, "-m", "schedproj.cli", "demo", "--json", "--latency", "0.002", *args],
+        [sys.executable, "-m", "schedproj.ops.cli", "demo", "--json", "--latency", "0.002", *args],
         cwd=ROOT, env={**base, "PYTHONPATH": str(ROOT), **(env or {})}, capture_output=True,
         text=True, timeout=200)
     assert out.returncode == 0, out.stderr[-4000:]

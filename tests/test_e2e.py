@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from schedproj.keys import Keys
+from schedproj.store.protocol import Keys
 from tests.conftest import E2E_REDIS_URL
 from tests.procs import FAST_SETTINGS, Cluster, wait_for
+from tests.rabbitmq import Broker
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -29,7 +30,10 @@ def r(e2e_redis: redis.Redis) -> redis.Redis:
     return e2e_redis
 
 
-def make_cluster(tmp_path: Path, scenario: str, **extra: str) -> Cluster:
+def make_cluster(tmp_path: Path, scenario: str, broker: Broker | None = None,
+                 **extra: str) -> Cluster:
+    """Processes on the e2e Redis (state, lease and, unless ``broker`` says otherwise, the
+    broker)."""
     env = dict(os.environ)
     env.update(FAST_SETTINGS)
     env.update({
@@ -39,6 +43,8 @@ def make_cluster(tmp_path: Path, scenario: str, **extra: str) -> Cluster:
         "E2E_SCENARIO": scenario,
         "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
     })
+    if broker is not None:
+        env.update(broker.env)
     env.update(extra)
     return Cluster(env=env, logdir=tmp_path)
 
@@ -65,12 +71,12 @@ def assert_no_overlap(intervals: list[dict]) -> None:
         assert after["fence"] > before["fence"], f"fence did not increase: {before} {after}"
 
 
-def test_fair_sharing_yield_and_light_lanes(r: redis.Redis, tmp_path: Path,
+def test_fair_sharing_yield_and_light_lanes(r: redis.Redis, broker: Broker, tmp_path: Path,
                                             cluster_factory: list[Cluster]) -> None:
     """A backlog lane yields at the hold cap, the starved lane wins next, heavy runs never
     overlap, and the light lane keeps running while heavy lanes hold the lease."""
     r.set(f"{PREFIX}:e2e:backlog", 60)  # 60 items x 0.1 s = 6 s of heavy work, cap 1.5 s
-    c = make_cluster(tmp_path, "fairness")
+    c = make_cluster(tmp_path, "fairness", broker)
     cluster_factory.append(c)
     c.worker("heavy1", "heavy")
     c.worker("light1", "light", concurrency=2)
@@ -105,9 +111,9 @@ def test_fair_sharing_yield_and_light_lanes(r: redis.Redis, tmp_path: Path,
     assert "yielded" in c.procs[0].text()
 
 
-def test_restarting_beat_does_not_rerun_early(r: redis.Redis, tmp_path: Path,
+def test_restarting_beat_does_not_rerun_early(r: redis.Redis, broker: Broker, tmp_path: Path,
                                               cluster_factory: list[Cluster]) -> None:
-    c = make_cluster(tmp_path, "restart")
+    c = make_cluster(tmp_path, "restart", broker)
     cluster_factory.append(c)
     c.worker("heavy1", "heavy")
     c.worker("light1", "light")
@@ -125,9 +131,9 @@ def test_restarting_beat_does_not_rerun_early(r: redis.Redis, tmp_path: Path,
     assert "dispatch:" not in c.procs[-1].text()
 
 
-def test_second_beat_stands_by_then_takes_over(r: redis.Redis, tmp_path: Path,
+def test_second_beat_stands_by_then_takes_over(r: redis.Redis, broker: Broker, tmp_path: Path,
                                                cluster_factory: list[Cluster]) -> None:
-    c = make_cluster(tmp_path, "fairness")
+    c = make_cluster(tmp_path, "fairness", broker)
     cluster_factory.append(c)
     c.worker("light1", "light")
     c.worker("heavy1", "heavy")
@@ -148,8 +154,8 @@ def test_second_beat_stands_by_then_takes_over(r: redis.Redis, tmp_path: Path,
 
 
 def test_killed_heavy_worker_frees_lease_and_lane_runs_again(
-        r: redis.Redis, tmp_path: Path, cluster_factory: list[Cluster]) -> None:
-    c = make_cluster(tmp_path, "slow", SCHEDPROJ_HOLD_CAP_S="60")
+        r: redis.Redis, broker: Broker, tmp_path: Path, cluster_factory: list[Cluster]) -> None:
+    c = make_cluster(tmp_path, "slow", broker, SCHEDPROJ_HOLD_CAP_S="60")
     cluster_factory.append(c)
     victim = c.worker("heavy1", "heavy")
     c.beat("beat1")
@@ -172,12 +178,13 @@ def test_killed_heavy_worker_frees_lease_and_lane_runs_again(
     assert second["fence"] > first["fence"]
 
 
-def test_missing_heavy_worker_cannot_wedge_the_lease(r: redis.Redis, tmp_path: Path,
+def test_missing_heavy_worker_cannot_wedge_the_lease(r: redis.Redis, broker: Broker,
+                                                     tmp_path: Path,
                                                      cluster_factory: list[Cluster]) -> None:
     """With no heavy worker, each grant lapses after the start deadline and is granted anew;
     when a worker arrives, expired messages are dropped and exactly the current one runs.
     Meanwhile a light lane slower than its cadence never runs twice at once."""
-    c = make_cluster(tmp_path, "deadline")
+    c = make_cluster(tmp_path, "deadline", broker)
     cluster_factory.append(c)
     c.worker("light1", "light", concurrency=3)
     c.beat("beat1")
@@ -207,8 +214,8 @@ def test_forged_or_missing_token_is_refused_and_lease_untouched(
         r: redis.Redis, tmp_path: Path, cluster_factory: list[Cluster]) -> None:
     from celery import Celery
 
-    from schedproj.lease import HeavyLease
-    from schedproj.redis_conn import connect
+    from schedproj.store.connection import connect
+    from schedproj.store.lease import HeavyLease
 
     c = make_cluster(tmp_path, "deadline")
     cluster_factory.append(c)
@@ -226,7 +233,8 @@ def test_forged_or_missing_token_is_refused_and_lease_untouched(
     def reasons() -> str:
         return c.procs[0].text()
 
-    wait_for(lambda: "stale-lease:taken" in reasons() and "missing-lease-token" in reasons(),
+    # The forged grant carries no beat fence: refused before the lease is even looked at.
+    wait_for(lambda: "missing-beat-fence" in reasons() and "missing-lease-token" in reasons(),
              15, "both messages refused")
     assert not any(x["lane"] == "e2e.quick" for x in runs(r)), "a refused run executed"
     current = lease.read()

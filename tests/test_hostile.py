@@ -17,14 +17,16 @@ from hypothesis import strategies as st
 from kombu import Connection, Exchange, Producer
 
 from schedproj import Lane, LaneKind, LaneTask, Settings, configure_app
-from schedproj.errors import ConfigurationError, SchedprojError
-from schedproj.keys import Keys
-from schedproj.lanes import Gate
-from schedproj.lease import HeavyLease
-from schedproj.redis_conn import connect
-from schedproj.registry import build_lane_set
-from schedproj.scheduler import FairScheduler
-from schedproj.task import LEASE_KWARG
+from schedproj.core.errors import ConfigurationError, SchedprojError
+from schedproj.core.lanes import Gate
+from schedproj.core.laneset import build_lane_set
+from schedproj.core.records import SchedRecord, encode
+from schedproj.on_celery.beat import FairScheduler
+from schedproj.on_celery.messages import heavy_kwargs, light_kwargs
+from schedproj.rem.settings import RemSettings
+from schedproj.store.connection import connect
+from schedproj.store.lease import HeavyLease
+from schedproj.store.protocol import Keys
 from tests.conftest import E2E_REDIS_URL
 from tests.procs import FAST_SETTINGS, Cluster, wait_for
 
@@ -69,7 +71,7 @@ setting_values = st.one_of(st.text(max_size=8), st.sampled_from(
 @settings(max_examples=200)
 @given(st.dictionaries(st.sampled_from(
     ["lease_ttl_s", "hold_cap_s", "beat_lock_ttl_s", "beat_max_loop_interval_s", "profile",
-     "policy", "heavy_time_limit_s", "metrics_port", "cadence_scale", "rem_batch"]),
+     "policy", "heavy_time_limit_s", "metrics_port", "cadence_scale", "start_deadline_s"]),
     setting_values, max_size=4))
 def test_random_settings_load_or_fail_clearly(values: dict[str, str]) -> None:
     try:
@@ -78,6 +80,19 @@ def test_random_settings_load_or_fail_clearly(values: dict[str, str]) -> None:
         assert "SCHEDPROJ_" in str(exc)
         return
     assert math.isfinite(loaded.lease_ttl_s) or loaded.lease_ttl_s > 0
+
+
+@settings(max_examples=100)
+@given(st.dictionaries(st.sampled_from(["batch", "window_words", "backup_keep",
+                                        "summarizer_latency_s"]), setting_values, max_size=3))
+def test_random_rem_settings_load_or_fail_clearly(values: dict[str, str]) -> None:
+    # The REM lanes' settings moved out of the scheduler's; their errors stay as clear.
+    try:
+        loaded = RemSettings.load(**values)
+    except ConfigurationError as exc:
+        assert "SCHEDPROJ_REM_" in str(exc)
+        return
+    assert loaded.batch > 0 and loaded.window_words > 0
 
 
 # -- lanes that raise, time out or return nonsense: lease released, outcome recorded ---------
@@ -116,7 +131,9 @@ def test_bad_lane_bodies_release_lease_and_record(key_prefix: str, task: str,
     lane_task = app.tasks[task]
     lane_task.push_request(id="t1")
     try:
-        lane_task(**{LEASE_KWARG: {"token": "tok", "fence": grant.fence}})
+        # The message as the current beat sends it: the grant and the beat's lock fence.
+        client.set(keys.beat_fence, 7)
+        lane_task(**heavy_kwargs("tok", grant.fence, beat_fence=7))
     except (RuntimeError, SoftTimeLimitExceeded):
         pass
     finally:
@@ -144,7 +161,7 @@ GARBAGE = {
 def test_garbage_in_each_key_is_reported_not_a_crash(key_prefix: str, suffix: str,
                                                      redis_client: redis.Redis,
                                                      caplog: pytest.LogCaptureFixture) -> None:
-    from schedproj.observe import observe
+    from schedproj.ops.observe import observe
 
     kind, value, logged, reported = GARBAGE[suffix]
     key = f"{key_prefix}:{suffix}"
@@ -206,9 +223,11 @@ def test_foreign_messages_run_nothing_and_leave_the_lease(e2e_redis: redis.Redis
         wait_for(lambda: "missing-lease-token" in heavy.text(), 20,
                  "the token-less heavy message refused")
         wait_for(lambda: e2e_redis.hget(keys.lanes, "e2e.slowlight|run") is not None, 20,
-                 "the light lane's bad-argument run recorded")
+                 "the hand-sent light message recorded")
+        # Not its lane's dispatch from the current beat: refused before its arguments matter.
         record = json.loads(e2e_redis.hget(keys.lanes, "e2e.slowlight|run"))
-        assert record["last_outcome"] == "failed" and "TypeError" in record["last_reason"]
+        assert record["last_outcome"] == "skipped"
+        assert record["last_reason"] == "missing-dispatch"
         current = lease.read()
         assert current is not None and current.token == "real" and current.fence == grant.fence
         assert not [x for x in e2e_redis.lrange(keys.journal, 0, -1)
@@ -224,8 +243,8 @@ def test_light_run_in_flight_mark_is_kept_fresh_and_lapses_after_a_kill(
     worker is killed outright the lane is free again within that TTL, not the time limit."""
     import threading
 
-    from schedproj.state import LaneState, RunRecord, SchedRecord
-    from schedproj.views import is_in_flight
+    from schedproj.core.records import LaneState, RunRecord
+    from schedproj.core.views import is_in_flight
 
     app = Celery(f"l-{uuid.uuid4().hex[:6]}", set_as_current=False)
     configure_app(app, Settings.load(redis_url="redis://127.0.0.1:6379/14",
@@ -241,11 +260,14 @@ def test_light_run_in_flight_mark_is_kept_fresh_and_lapses_after_a_kill(
     client = connect("redis://127.0.0.1:6379/14")
     keys = Keys(key_prefix)
     task = app.tasks["x.light"]
+    # Dispatched by the current beat: its lock fence, and the sched record naming light-1.
+    client.set(keys.beat_fence, 7)
+    client.hset(keys.lanes, "x.light|sched", encode(SchedRecord(inflight_task_id="light-1")))
 
     def run() -> None:
         task.push_request(id="light-1")
         try:
-            task()
+            task(**light_kwargs(beat_fence=7))
         finally:
             task.pop_request()
 

@@ -15,14 +15,14 @@ import redis
 from celery import Celery
 
 from schedproj import Lane, LaneKind, LaneTask, Settings, configure_app
-from schedproj.embedded import free_port
-from schedproj.health import Posture, assess, deferral_chain
-from schedproj.keys import Keys
-from schedproj.lanes import DeferralReason, LaneSpec
-from schedproj.scheduler import FairScheduler
-from schedproj.settings import Profile
-from schedproj.state import Deferral, LaneState, LeaseView, RunRecord, SchedRecord
-from schedproj.watchdog import Latch, step
+from schedproj.core.deferrals import Deferral
+from schedproj.core.health import Posture, assess, deferral_chain
+from schedproj.core.lanes import DeferralReason, LaneSpec, Profile
+from schedproj.core.records import LaneState, LeaseView, RunRecord, SchedRecord
+from schedproj.devtools.embedded import free_port
+from schedproj.on_celery.beat import FairScheduler
+from schedproj.ops.watchdog import Latch, step
+from schedproj.store.protocol import Keys
 
 ROOT = Path(__file__).resolve().parent.parent
 NOW = 1_000_000.0
@@ -125,7 +125,7 @@ def cli(prefix: str, *args: str) -> subprocess.CompletedProcess[str]:
     env.update({"SCHEDPROJ_REDIS_URL": "redis://127.0.0.1:6379/14",
                 "CELERY_BROKER_URL": BROKER_URL, "SCHEDPROJ_KEY_PREFIX": prefix,
                 "PYTHONPATH": str(ROOT)})
-    return subprocess.run([sys.executable, "-m", "schedproj.cli", *args], env=env, cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "schedproj.ops.cli", *args], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
 
 

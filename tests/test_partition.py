@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from schedproj.audit import FencedLedger
+from schedproj.chaos.audit import FencedLedger
 from schedproj.chaos.driver import RedisProc
-from schedproj.keys import Keys
+from schedproj.store.protocol import Keys
 from tests.procs import FAST_SETTINGS, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]

@@ -14,10 +14,19 @@ from dataclasses import dataclass, field
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from schedproj.lanes import DeferralReason, DeploymentClass, Gate, GateCondition, LaneKind, LaneSpec
-from schedproj.pipeline import Decision, decide
-from schedproj.settings import Profile
-from schedproj.state import Deferral, LaneState, LeaseView, RunRecord, SchedRecord
+from schedproj.core.deferrals import Deferral
+from schedproj.core.families import member_spec
+from schedproj.core.lanes import (
+    DeferralReason,
+    DeploymentClass,
+    Gate,
+    GateCondition,
+    LaneKind,
+    LaneSpec,
+    Profile,
+)
+from schedproj.core.pipeline import Decision, decide
+from schedproj.core.records import LaneState, LeaseView, RunRecord, SchedRecord
 
 PROPERTY = settings(max_examples=200, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
@@ -50,9 +59,15 @@ STREAK = st.integers(0, 5000)
 NOW_S = st.integers(min_value=10**6, max_value=2 * 10**9)
 MAYBE_ID = st.sampled_from((None, *TASK_IDS))
 LANE_NAMES = st.lists(st.sampled_from(NAMES), min_size=1, max_size=7, unique=True)
-# Blockers may name lanes absent from the set ("ghost" or a NAMES entry not drawn).
-BLOCKERS = st.lists(st.sampled_from((*NAMES, "ghost")), max_size=2, unique=True)
-MAYBE_BLOCKER = st.sampled_from((None, *NAMES, "ghost"))
+#: A lane family ("fam") drawn with a few members, named fam[<key>].
+FAMILY = "fam"
+MEMBER_KEYS = st.lists(st.sampled_from(("k1", "k2", "k3", "k4")), max_size=4, unique=True)
+JITTER = st.sampled_from((0.0, 0.2, 0.5))
+# Blockers may name lanes absent from the set ("ghost" or a NAMES entry not drawn), the family
+# (blocks while any member does) or one member.
+BLOCKERS = st.lists(st.sampled_from((*NAMES, "ghost", FAMILY, "fam[k1]")), max_size=2,
+                    unique=True)
+MAYBE_BLOCKER = st.sampled_from((None, *NAMES, "ghost", FAMILY))
 PROBES = st.dictionaries(st.sampled_from(NAMES), st.integers(0, 5), max_size=3)
 UNREADABLE = st.lists(st.sampled_from(NAMES), unique=True, max_size=2)
 
@@ -79,8 +94,15 @@ def lane_spec(draw: st.DrawFn, name: str) -> LaneSpec:
 
 @st.composite
 def lane_specs(draw: st.DrawFn) -> list[LaneSpec]:
-    """1-7 lanes with unique names; priority0 only on heavy lanes."""
-    return [lane_spec(draw, name) for name in draw(LANE_NAMES)]
+    """1-7 lanes with unique names; priority0 only on heavy lanes; and up to four members of
+    a lane family (one spec, per-key jitter of the due ratio), ranked like any lane."""
+    lanes = [lane_spec(draw, name) for name in draw(LANE_NAMES)]
+    template = lane_spec(draw, FAMILY)
+    template = LaneSpec(**{**template.__dict__, "priority0": False, "family": FAMILY,
+                           "gates": tuple(g for g in template.gates
+                                          if not g.blocker.startswith(FAMILY))})
+    jitter = draw(JITTER)
+    return lanes + [member_spec(template, jitter, key) for key in draw(MEMBER_KEYS)]
 
 
 def lane_state(draw: st.DrawFn, spec: LaneSpec, now: float) -> LaneState:
@@ -96,6 +118,10 @@ def lane_state(draw: st.DrawFn, spec: LaneSpec, now: float) -> LaneState:
         backlog=draw(BACKLOG),
         running_task_id=draw(MAYBE_ID) if running else None,
         running_until=now + draw(OFFSET) if running else None,
+        # A family member that never ran has the time it was added (or a future one: the
+        # adding host's clock ahead); it then counts as just due from then, not as ∞.
+        since=(now - draw(AGO) if draw(st.booleans()) else now + draw(OFFSET))
+        if never and spec.family is not None and draw(st.booleans()) else None,
     )
     deferral = None
     if draw(st.booleans()):
@@ -185,28 +211,35 @@ def enabled(sc: Scenario, spec: LaneSpec) -> bool:
 
 
 def light_in_flight(state: LaneState, now: float) -> bool:
-    """Dispatched (inflight id), not yet finished (last_task_id differs), and still within the
-    message's start deadline (it may yet be delivered) or, once that run started, within its
-    heartbeat-refreshed running bound — whichever is later."""
+    """A run that started and has not ended, within its heartbeat-refreshed bound, whatever
+    the sched record says (after a state loss it may be gone); else a dispatched message not
+    yet started (its id is not the run record's) within its start deadline."""
     sched, run = state.sched, state.run
-    if sched.inflight_task_id is None or run.last_task_id == sched.inflight_task_id:
-        return False
-    if sched.inflight_deadline is not None and now < sched.inflight_deadline:
+    if (run.running_task_id is not None and run.running_task_id != run.last_task_id
+            and run.running_until is not None and now < run.running_until):
         return True
-    return (run.running_task_id == sched.inflight_task_id and run.running_until is not None
-            and now < run.running_until)
+    if sched.inflight_task_id is None or sched.inflight_task_id in (run.last_task_id,
+                                                                     run.running_task_id):
+        return False
+    return sched.inflight_deadline is not None and now < sched.inflight_deadline
 
 
 def fact(sc: Scenario, spec: LaneSpec) -> Fact:
     state = sc.state(spec.name)
-    last = state.run.last_run_at
-    ratio = math.inf if last is None else max(0.0, sc.now - last) / spec.cadence_s
+    last, since = state.run.last_run_at, state.run.since
+    if last is None and since is not None:
+        # A family member that never ran is just due (at its due ratio, or 1) when added: as
+        # if it ran that many cadences before.
+        assumed = min(since, sc.now) - spec.cadence_s * max(1.0, spec.due_ratio)
+        ratio = (sc.now - assumed) / spec.cadence_s
+    else:
+        ratio = math.inf if last is None else max(0.0, sc.now - last) / spec.cadence_s
     probe = sc.probes.get(spec.name)
     backlog = state.run.backlog if probe is None else probe
     if spec.backlog_driven:
         due = backlog > 0 or (last is None and probe is None)
     else:
-        due = ratio >= 1.0 or backlog > 0
+        due = ratio >= spec.due_ratio or backlog > 0
     if spec.kind is LaneKind.HEAVY:
         in_flight = sc.lease is not None and sc.lease.lane == spec.name
     else:
@@ -216,6 +249,32 @@ def fact(sc: Scenario, spec: LaneSpec) -> Fact:
 
 def facts(sc: Scenario) -> dict[str, Fact]:
     return {s.name: fact(sc, s) for s in sc.lanes if enabled(sc, s)}
+
+
+def gate_facts(sc: Scenario, known: Mapping[str, Fact]) -> dict[str, Fact]:
+    """What gates see: ``known`` plus the lanes left out of the decision (paused, unreadable)
+    that the profile enables. Those never count as due, yet block while they run; a light one
+    whose record is missing because it was unreadable may be running, so it counts as running."""
+    out = dict(known)
+    for spec in sc.lanes:
+        if spec.name in known or (sc.profile is Profile.CLOUD
+                                  and spec.deployment is DeploymentClass.LOCAL_ONLY):
+            continue
+        f = fact(sc, spec)
+        unknown = (spec.kind is LaneKind.LIGHT and spec.name in sc.unreadable
+                   and spec.name not in sc.states)
+        out[spec.name] = Fact(spec, f.ratio, False, f.behind, f.in_flight or unknown)
+    return out
+
+
+def family_fact(known: Mapping[str, Fact], family: str) -> Fact | None:
+    """A gate naming a family blocks while a schedulable member would block it."""
+    members = [f for f in known.values() if f.spec.family == family]
+    if not members:
+        return None
+    hot = any(f.due and f.behind for f in members)
+    busy = any(f.due or f.in_flight for f in members)
+    return Fact(members[0].spec, 0.0, hot, hot, busy)
 
 
 def gate_blocks(gate: Gate, blocker: Fact | None) -> bool:
@@ -228,7 +287,9 @@ def gate_blocks(gate: Gate, blocker: Fact | None) -> bool:
 
 def gated(sc: Scenario, name: str, known: Mapping[str, Fact]) -> bool:
     """Some gate of the lane blocks right now (ignoring max_defer_s, which can only release)."""
-    return any(gate_blocks(g, known.get(g.blocker)) for g in sc.spec(name).gates)
+    seen = gate_facts(sc, known)
+    return any(gate_blocks(g, seen.get(g.blocker, family_fact(known, g.blocker)))
+               for g in sc.spec(name).gates)
 
 
 def candidates(known: Mapping[str, Fact]) -> dict[str, Fact]:
@@ -365,7 +426,9 @@ def test_deferrals_are_well_formed(sc: Scenario) -> None:
         if d.reason in GATE_REASONS:
             # A gate deferral names a gate of the lane whose blocker blocks right now.
             assert any(g.blocker == d.blocker and g.reason is d.reason
-                       and gate_blocks(g, known.get(g.blocker)) for g in f.spec.gates)
+                       and gate_blocks(g, gate_facts(sc, known).get(
+                           g.blocker, family_fact(known, g.blocker)))
+                       for g in f.spec.gates)
     # A due, idle lane is either dispatched or deferred (or a winner that could not be sent).
     accounted = set(decision.dispatched) | set(lanes)
     assert accounted == set(candidates(known))
@@ -378,8 +441,10 @@ def test_disabled_lanes_appear_nowhere(sc: Scenario) -> None:
     disabled = {s.name for s in sc.lanes if not enabled(sc, s)}
     named = set(decision.dispatched) | set(decision.views) | {d.lane for d in decision.deferred}
     named |= {lane for lane, _ in decision.expired_gates}
-    named |= {d.blocker for d in decision.deferred if d.reason in GATE_REASONS}
     assert not named & disabled
+    # A paused or unreadable lane that runs still holds back the lanes gated on it, so it may
+    # be named as a gate's blocker; a lane the profile disables never is.
+    named |= {d.blocker for d in decision.deferred if d.reason in GATE_REASONS}
     if sc.profile is Profile.CLOUD:
         local_only = {s.name for s in sc.lanes if s.deployment is DeploymentClass.LOCAL_ONLY}
         assert not named & local_only
@@ -392,7 +457,8 @@ def test_expired_gates_are_streaks_past_max_defer(sc: Scenario) -> None:
     decision = sc.decide()
     for name, gate in decision.expired_gates:
         assert gate in sc.spec(name).gates
-        assert gate.max_defer_s is not None and gate_blocks(gate, known.get(gate.blocker))
+        assert gate.max_defer_s is not None and gate_blocks(
+            gate, gate_facts(sc, known).get(gate.blocker, family_fact(known, gate.blocker)))
         current = sc.state(name).sched.deferral
         assert current is not None and current.blocker == gate.blocker
         assert sc.now - current.since >= gate.max_defer_s

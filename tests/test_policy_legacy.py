@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from schedproj.lanes import DeferralReason, Gate, GateCondition, LaneKind, LaneSpec
-from schedproj.picker import Policy
-from schedproj.pipeline import decide
-from schedproj.state import LaneState, RunRecord
+from schedproj.core.lanes import DeferralReason, Gate, GateCondition, LaneKind, LaneSpec
+from schedproj.core.picker import Policy
+from schedproj.core.pipeline import decide
+from schedproj.core.records import LaneState, RunRecord
 
 NOW = 1_000_000.0
 

@@ -17,12 +17,13 @@ from typing import Any
 import pytest
 import redis
 
-from schedproj.errors import ConfigurationError, LeaseLost, StateError
+from schedproj.core.errors import ConfigurationError, LeaseLost, StateError
 from schedproj.rem import backup, work
 from schedproj.rem.seed import seed_forensic
 from schedproj.rem.store import GoldenPath, MemoryStore, Pulse, RemKeys, Summary
 from schedproj.rem.summarizer import SETTING, ExtractiveSummarizer, load_summarizer
 from schedproj.rem.text import sentences
+from schedproj.store.protocol import Keys
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -40,6 +41,8 @@ def long_turns(n: int) -> list[str]:
 
 @pytest.fixture
 def store(redis_client: redis.Redis, key_prefix: str) -> MemoryStore:
+    # The REM store alone under this prefix: no scheduler epoch beside it.
+    redis_client.delete(Keys(key_prefix).epoch)
     return MemoryStore(redis_client, key_prefix, window_words=WINDOW)
 
 

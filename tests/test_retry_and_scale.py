@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from schedproj.errors import LaneDeclarationError
-from schedproj.lanes import Gate, Lane, LaneKind, LaneSpec
-from schedproj.pipeline import decide
-from schedproj.registry import build_lane_set
-from schedproj.state import LaneState, Outcome, RunRecord
+from schedproj.core.errors import LaneDeclarationError
+from schedproj.core.lanes import Gate, Lane, LaneKind, LaneSpec
+from schedproj.core.laneset import build_lane_set
+from schedproj.core.pipeline import decide
+from schedproj.core.records import LaneState, Outcome, RunRecord
 
 NOW = 1_000_000.0
 MIN, HOUR, DAY = 60.0, 3600.0, 86400.0

@@ -13,14 +13,16 @@ import redis
 from celery import Celery
 
 from schedproj import Lane, LaneKind, LaneTask, Settings, configure_app
-from schedproj.errors import ConfigurationError
-from schedproj.keys import Keys
-from schedproj.lanes import DeferralReason, Gate, GateCondition, LaneSpec
-from schedproj.pipeline import decide
-from schedproj.redis_conn import connect
-from schedproj.state import Deferral, LaneState, LeaseView, RunRecord, SchedRecord
-from schedproj.store import LaneStore
-from schedproj.task import LeaseRenewer, RunContext
+from schedproj.core.deferrals import Deferral
+from schedproj.core.errors import ConfigurationError
+from schedproj.core.lanes import DeferralReason, Gate, GateCondition, LaneSpec
+from schedproj.core.pipeline import decide
+from schedproj.core.records import LaneState, LeaseView, RunRecord, SchedRecord, encode
+from schedproj.on_celery.messages import light_kwargs
+from schedproj.on_celery.task import LeaseRenewer, RunContext
+from schedproj.store.connection import connect
+from schedproj.store.lane_store import LaneStore
+from schedproj.store.protocol import Keys
 from tests.conftest import wait_until
 
 
@@ -85,10 +87,13 @@ def test_light_lane_with_fenced_record_still_records(key_prefix: str) -> None:
     keys = Keys(key_prefix)
     client.hset(keys.lanes, "x.was-heavy|run",
                 json.dumps({"v": 1, "fence": 1712345678901, "runs": 3, "last_run_at": 1.0}))
+    # Dispatched by the current beat: its lock fence, and the sched record naming r1.
+    client.set(keys.beat_fence, 7)
+    client.hset(keys.lanes, "x.was-heavy|sched", encode(SchedRecord(inflight_task_id="r1")))
     task = app.tasks["x.was-heavy"]
     task.push_request(id="r1")
     try:
-        task()
+        task(**light_kwargs(beat_fence=7))
     finally:
         task.pop_request()
     record = json.loads(client.hget(keys.lanes, "x.was-heavy|run"))

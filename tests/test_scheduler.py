@@ -17,8 +17,8 @@ import redis
 from celery import Celery
 
 from schedproj import Lane, LaneKind, LaneTask, Settings, configure_app
-from schedproj.keys import Keys
-from schedproj.scheduler import FairScheduler
+from schedproj.on_celery.beat import FairScheduler
+from schedproj.store.protocol import Keys
 
 BROKER_URL = "redis://127.0.0.1:6379/13"
 
@@ -47,6 +47,10 @@ def build(key_prefix: str, declare: Callable[[Celery], None], **overrides: objec
     app = Celery(f"t-{uuid.uuid4().hex[:6]}", set_as_current=False)
     configure_app(app, settings)
     declare(app)
+    # Celery's shared tasks join every app in the process: once any earlier test imported the
+    # REM lanes (shared_task), they would be lanes of this app too. Keep to the test's own.
+    for name in [n for n in app.tasks if n.startswith("schedproj.rem.")]:
+        app.tasks.unregister(name)
     return app
 
 
@@ -126,14 +130,17 @@ def test_lock_lost_between_read_and_grant_grants_nothing(key_prefix: str, broker
     even if it read the state a moment earlier."""
     sched = FairScheduler(app=build(key_prefix, three_lanes))
     keys = Keys(key_prefix)
-    original = sched.rt.store.snapshot
+    original = sched.rt.store.tick_snapshot
+    reads = []
 
-    def snapshot_then_lose_lock(token: str, ttl: float):  # type: ignore[no-untyped-def]
-        snap = original(token, ttl)
-        redis_client.set(keys.beat_lock, "thief", px=60_000)
+    def snapshot_then_lose_lock(token: str, ttl: float, *rest, **kw):  # type: ignore[no-untyped-def]
+        snap = original(token, ttl, *rest, **kw)
+        reads.append(kw)
+        if kw["cursor"] is None:  # the read a beat new to the lock plans from
+            redis_client.set(keys.beat_lock, "thief", px=60_000)
         return snap
 
-    sched.rt.store.snapshot = snapshot_then_lose_lock  # type: ignore[method-assign]
+    sched.rt.store.tick_snapshot = snapshot_then_lose_lock  # type: ignore[method-assign]
     sched.tick()
     assert sent(broker, "heavy") == [] and sent(broker, "light") == []
     assert not redis_client.exists(keys.lease)
@@ -175,6 +182,12 @@ def test_garbage_state_is_reported_not_overwritten(key_prefix: str, broker: redi
     assert error is not None and "t.heavy-a|run" in error and "left untouched" in error
     assert "t.heavy-a" not in [m["task"] for m in sent(broker, "heavy")]
     assert [m["task"] for m in sent(broker, "heavy")] == ["t.heavy-b"]
+    # The operator deletes the bad value by hand (nothing marks the lane changed): beat
+    # re-reads an unreadable lane every tick, so it is scheduled again.
+    redis_client.hdel(keys.lanes, "t.heavy-a|run")
+    redis_client.delete(keys.lease)
+    sched.tick()
+    assert "t.heavy-a" in [m["task"] for m in sent(broker, "heavy")]
     sched.close()
 
 
@@ -204,3 +217,22 @@ def test_send_failure_releases_the_lease(key_prefix: str, broker: redis.Redis,
     record = json.loads(redis_client.hget(keys.lanes, "t.heavy-a|sched"))
     assert record["inflight_task_id"] is None
     sched.close()
+
+
+def test_killed_run_is_recorded_lost_by_the_next_tick(
+        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis) -> None:
+    """A heavy run whose worker was killed leaves a record saying "running" and no lease: the
+    next tick records it lost (journal, record) while it goes on dispatching."""
+    keys = Keys(key_prefix)
+    now = time.time()
+    redis_client.hset(keys.lanes, "t.heavy-a|run", json.dumps({
+        "v": 1, "last_run_at": now - 3600, "last_task_id": "done-0",
+        "running_task_id": "killed-1", "running_since": now - 5, "fence": 1}))
+    sched = FairScheduler(app=build(key_prefix, three_lanes))
+    sched.tick()
+    journal = [json.loads(e) for e in redis_client.lrange(keys.journal, 0, -1)]
+    assert any(e.get("ev") == "lost" and e.get("task") == "killed-1" for e in journal), journal
+    run = json.loads(redis_client.hget(keys.lanes, "t.heavy-a|run") or "{}")
+    assert run.get("running_task_id") != "killed-1" or run.get("last_task_id") == "killed-1"
+    # The lost run counts as a (failed) run now, so the lane that never ran goes first.
+    assert [m["task"] for m in sent(broker, "heavy")] == ["t.heavy-b"]

@@ -10,7 +10,7 @@ from pathlib import Path
 from celery import Celery
 
 from schedproj import Settings, configure_app
-from schedproj.embedded import free_port
+from schedproj.devtools.embedded import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,7 +27,7 @@ def test_status_never_prints_the_redis_password() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDPROJ_")}
     env.update({"SCHEDPROJ_REDIS_URL": url, "CELERY_BROKER_URL": url,
                 "PYTHONPATH": str(ROOT)})
-    out = subprocess.run([sys.executable, "-m", "schedproj.cli", "status"], env=env,
+    out = subprocess.run([sys.executable, "-m", "schedproj.ops.cli", "status"], env=env,
                          capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode != 0
     assert "s3cret-pw" not in out.stdout + out.stderr

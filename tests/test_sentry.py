@@ -20,10 +20,10 @@ import redis
 import sentry_sdk
 from sentry_sdk.integrations.celery import CeleryIntegration
 
-from schedproj import sentry_setup
-from schedproj.keys import Keys
-from schedproj.sentry_setup import init_sentry, redact
+from schedproj.ops import sentry as sentry_setup
+from schedproj.ops.sentry import init_sentry, redact
 from schedproj.settings import Settings
+from schedproj.store.protocol import Keys
 from tests.conftest import E2E_REDIS_URL
 from tests.procs import FAST_SETTINGS, Cluster, wait_for
 from tests.sentry_capture import ENV_KEY, MemoryTransport, read_captured
@@ -60,7 +60,7 @@ def test_without_dsn_sentry_stays_off(sentry_off: None) -> None:
 
 def test_options_defaults_and_idempotence(sentry_off: None,
                                           caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level("INFO", logger="schedproj.sentry_setup")
+    caplog.set_level("INFO", logger="schedproj.ops.sentry")
     transport = MemoryTransport()
     assert init_sentry(settings(), "beat", transport=transport)
     client = sentry_sdk.get_client()
@@ -106,10 +106,33 @@ def test_redact_url_credentials() -> None:
     assert redact("http://example.com/a@b") == "http://example.com/a@b"
 
 
+def test_a_lease_token_rendered_in_a_log_line_never_reaches_sentry(sentry_off: None) -> None:
+    """Celery logs "Task ... received" with the message's kwargs as a repr; sentry-sdk keeps
+    that line as a breadcrumb of the next event. The token inside must be filtered."""
+    token = uuid.uuid4().hex
+    init_sentry(settings(), "worker", transport=MemoryTransport)
+    import logging
+    received = logging.getLogger("celery.worker.strategy")
+    level = received.level
+    received.setLevel(logging.INFO)  # as under `celery worker -l info`
+    received.info(
+        "Task %s received", "t.heavy", extra={"data": {"kwargs": repr(
+            {"schedproj_lease": {"token": token, "fence": 7, "beat_fence": 3}})}})
+    received.setLevel(level)
+    sentry_sdk.capture_message("after the received line")
+    transport = sentry_sdk.get_client().transport
+    assert isinstance(transport, MemoryTransport)
+    (event,) = transport.of_type("event")
+    crumbs = json.dumps(event.get("breadcrumbs"))
+    assert "t.heavy" in crumbs, "the received line should be a breadcrumb"
+    assert token not in json.dumps(event)
+    assert redact(f"{{'token': '{token}', 'fence': 7}}") == "{'token': '[Filtered]', 'fence': 7}"
+
+
 def test_crons_exclusions_cover_cadences_crons_cannot_monitor() -> None:
     from sentry_sdk.utils import match_regex_list
 
-    from schedproj.lanes import LaneKind, LaneSpec
+    from schedproj.core.lanes import LaneKind, LaneSpec
 
     specs = [LaneSpec(name, f"t.{name}", LaneKind.LIGHT, cadence) for name, cadence in
              (("fast", 3.0), ("ninety", 90.0), ("minute", 60.0), ("hourly", 3600.0),

@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from schedproj import dispatch, picker, pipeline
-from schedproj.lanes import DeferralReason, Gate, GateCondition, LaneKind, LaneSpec
-from schedproj.picker import Policy
+from schedproj.core import picker, pipeline
+from schedproj.core import planner as dispatch
+from schedproj.core.deferrals import LEASE_WAITS
+from schedproj.core.lanes import DeferralReason, Gate, GateCondition, LaneKind, LaneSpec
+from schedproj.core.picker import Policy
 from schedproj.rem.seed import seed_forensic
 from schedproj.sim import (
     VARIANTS,
@@ -66,12 +68,18 @@ def forensic_8h() -> Comparison:
 
 # -- it is the project's own core that runs ------------------------------------------------------
 
-def test_the_engine_drives_the_projects_pipeline_picker_and_dispatch() -> None:
+def test_the_engine_drives_the_projects_planner_lifecycle_and_picker() -> None:
+    # The simulator and FairScheduler call one tick planner; the simulator and LaneTask one
+    # run lifecycle: neither keeps a copy of tick sequencing or record updates.
+    from schedproj.core import lifecycle
+    from schedproj.on_celery import beat, task
+
     used = vars(engine)
-    assert used["decide"] is pipeline.decide
-    assert used["seconds_until_next_due"] is pipeline.seconds_until_next_due
-    assert used["sched_changes"] is dispatch.sched_changes
+    assert used["plan_tick"] is dispatch.plan_tick is vars(beat)["plan_tick"]
+    assert used["lifecycle"] is lifecycle is vars(task)["lifecycle"]
     assert used["pick"] is picker.pick
+    assert "decide" not in used and "sched_changes" not in used
+    assert vars(dispatch)["decide"] is pipeline.decide
 
 
 def test_forensic_lanes_are_the_rem_declarations_and_the_demo_backlog() -> None:
@@ -421,5 +429,48 @@ def test_variants_cover_both_policies_with_and_without_the_pass() -> None:
     assert Variant.parse("registry-nopass") == REGISTRY_NOPASS
     with pytest.raises(SimError, match="unknown variant"):
         Variant.parse("fifo")
-    assert DeferralReason.LEASE_HELD in engine.NOT_GATES
+    assert DeferralReason.LEASE_HELD in LEASE_WAITS
     assert STALENESS_NOPASS.label == "staleness-nopass"
+
+
+# -- lane families (issue 11) ----------------------------------------------------------------------
+
+def test_a_trace_family_expands_into_members_and_dumps_back_folded() -> None:
+    from schedproj.sim.trace import parse_trace, scenario_to_trace
+
+    text = json.dumps({"name": "fam", "horizon_s": 3600, "lanes": [
+        {"name": "plain", "kind": "heavy", "cadence_s": 600, "run_s": 30},
+        {"name": "sync", "kind": "heavy", "cadence_s": 1800, "run_s": 10,
+         "family": {"members": ["a", "b", "c"], "jitter": 0.2, "stagger": True}},
+        {"name": "report", "kind": "light", "cadence_s": 300, "run_s": 5,
+         "gates": [{"blocker": "sync"}]}]})
+    s = parse_trace(text)
+    names = [m.name for m in s.lanes]
+    assert names == ["plain", "sync[a]", "sync[b]", "sync[c]", "report"]
+    members = [m for m in s.lanes if m.spec.family == "sync"]
+    assert len({m.spec.due_ratio for m in members}) == 3, "jitter is per key"
+    assert len({m.last_run_ago_s for m in members}) == 3, "stagger spreads last runs"
+    dumped = scenario_to_trace(s)
+    (fam,) = [lane for lane in dumped["lanes"] if "family" in lane]
+    assert fam["name"] == "sync" and fam["family"]["members"] == ["a", "b", "c"]
+    assert fam["family"]["jitter"] == pytest.approx(0.2)
+    bad = json.loads(text)
+    bad["lanes"][1]["family"]["members"] = ["ok", "not ok"]
+    with pytest.raises(SimError, match=r"lanes\[1\] \(sync\)\.family\.members\[1\]"):
+        parse_trace(json.dumps(bad))
+
+
+def test_the_family_scenario_reports_members_and_the_rem_chain() -> None:
+    from schedproj.sim.engine import simulate
+    from schedproj.sim.families import family_rem, family_report
+    from schedproj.sim.metrics import summarize
+    from schedproj.sim.model import Variant
+
+    s = family_rem(members=40, h=0.9, horizon_s=4 * 3600.0)
+    run = simulate(s, Variant.parse("staleness+pass"), 1)
+    report = family_report(summarize(run), run)
+    assert report.members == 40 and report.worst_member is not None
+    assert report.jain_members is not None and 0 < report.jain_members <= 1
+    assert set(report.rem) >= {"summary", "dream", "memory-summary-backfill"}
+    assert set(report.verdicts()) == {"rem_chain_drained", "member_max_ratio_at_most_2.5",
+                                      "jain_members_at_least_0.95"}

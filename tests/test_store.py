@@ -16,12 +16,13 @@ import pytest
 import redis
 import redis.client
 
-from schedproj.keys import Keys, run_field, sched_field
-from schedproj.lanes import DeferralReason
-from schedproj.lease import HeavyLease
-from schedproj.redis_conn import connect
-from schedproj.state import Deferral, LaneState, Outcome, RunRecord, SchedRecord, encode
-from schedproj.store import UNREADABLE_LEASE, LaneStore
+from schedproj.core.deferrals import Deferral
+from schedproj.core.lanes import DeferralReason
+from schedproj.core.records import LaneState, Outcome, RunRecord, SchedRecord, encode
+from schedproj.store.connection import connect
+from schedproj.store.lane_store import UNREADABLE_LEASE, LaneStore
+from schedproj.store.lease import HeavyLease
+from schedproj.store.protocol import Keys, run_field, sched_field
 from tests.conftest import token, wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -609,3 +610,35 @@ def test_wait_for_wake_with_no_time_left(store: LaneStore) -> None:
     assert store.wait_for_wake(0) is False
     assert store.wait_for_wake(-1) is False
     assert time.monotonic() - t0 < 0.5
+
+
+def test_a_long_tick_renews_the_lock_only_while_it_still_holds_it(store: LaneStore,
+                                                                  client: redis.Redis) -> None:
+    beat = token()
+    assert store.snapshot(beat, SHORT_TTL).lock.held
+    assert store.renew(beat, LONG_TTL)
+    assert client.pttl(store.keys.beat_lock) > SHORT_TTL * 1000
+    client.delete(store.keys.beat_lock)  # expired mid-tick
+    assert not store.renew(beat, LONG_TTL), "a lock taken afresh has another fence"
+    assert client.get(store.keys.beat_lock) is None
+    other = token()
+    assert store.snapshot(other, LONG_TTL).lock.held
+    assert not store.renew(beat, LONG_TTL)
+
+
+def test_the_tick_read_returns_what_changed_and_what_fell_due(store: LaneStore,
+                                                              client: redis.Redis) -> None:
+    beat = token()
+    now = time.time()
+    store.write_run("a", RunRecord(last_run_at=now, runs=1))
+    client.zadd(store.keys.due, {"a": now + 100, "b": now - 5, "c": now + 10})
+    full = store.tick_snapshot(beat, LONG_TTL, 0.0, cursor=None, now=now)
+    assert set(full.looked) == {"a", "b"} and full.changed == {"a"}
+    assert full.scores == {"a": now + 100, "b": now - 5} and full.next_look == now + 10
+    assert full.states["a"].run.runs == 1 and full.states["b"] == LaneState()
+    later = store.tick_snapshot(beat, LONG_TTL, 0.0, cursor=now, now=now + 11)
+    assert later.looked == ("c",) and not later.changed, "only what fell due since"
+    idle = store.tick_snapshot(beat, LONG_TTL, 0.0, cursor=now + 11, now=now + 12)
+    assert idle.looked == () and idle.next_look == now + 100
+    standby = store.tick_snapshot(token(), LONG_TTL, 0.0, cursor=None, now=now)
+    assert not standby.lock.held and standby.looked == ()

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from schedproj.errors import SchedprojError, StateError
+from schedproj.core.errors import SchedprojError, StateError
 from schedproj.rem.store import MemoryStore
 
 logger = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ def snapshot(store: MemoryStore, directory: Path, *, fence: int,
     """Write a point-in-time snapshot of ``store`` to ``directory`` and prune old ones.
 
     ``fence`` (the backup run's lease fence, 0 = unfenced) is checked in the same transaction:
-    a run whose lease was taken over gets :class:`~schedproj.errors.LeaseLost` and writes no
+    a run whose lease was taken over gets :class:`~schedproj.core.errors.LeaseLost` and writes no
     file."""
     if keep < 1:
         raise ValueError(f"keep must be >= 1, got {keep}")

@@ -15,13 +15,21 @@ from typing import Any
 
 from celery import current_app, shared_task
 
-from schedproj.lanes import DeferralReason, DeploymentClass, Gate, GateCondition, Lane, LaneKind
+from schedproj.core.lanes import (
+    DeferralReason,
+    DeploymentClass,
+    Gate,
+    GateCondition,
+    Lane,
+    LaneKind,
+)
+from schedproj.on_celery.runtime import runtime_for
+from schedproj.on_celery.task import LaneTask
 from schedproj.rem import work
 from schedproj.rem.backup import snapshot
+from schedproj.rem.settings import rem_settings
 from schedproj.rem.store import MemoryStore
 from schedproj.rem.summarizer import Summarizer, load_summarizer
-from schedproj.runtime import runtime_for
-from schedproj.task import LaneTask
 
 MIN, HOUR = 60.0, 3600.0
 #: The original's cadences (seconds), before SCHEDPROJ_CADENCE_SCALE.
@@ -39,11 +47,16 @@ BACKFILL_BACKOFF_S = 10 * MIN
 #: The backfill -> summary gate lets summary go after deferring it this long (before scaling),
 #: so a backfill that can never drain cannot hold the chain.
 SUMMARY_GATE_MAX_DEFER_S = 30 * MIN
+#: The dream -> golden-path gate lets golden-path go after deferring it this long (before
+#: scaling), so a dream that stays due (or runs on and on) delays the scoring pass, never
+#: starves it. Two golden-path cadences: past the default starvation threshold (1 h), so the
+#: watchdog raises its alarm before the bound lets golden-path go.
+GOLDEN_PATH_GATE_MAX_DEFER_S = 2 * HOUR
 
 
 def rem_store(app: Any) -> MemoryStore:
     rt = runtime_for(app)
-    return MemoryStore(rt.store.client, rt.keys.prefix, rt.settings.rem_window_words)
+    return MemoryStore(rt.store.client, rt.keys.prefix, rem_settings().window_words)
 
 
 @cache
@@ -52,8 +65,8 @@ def _summarizer(spec: str | None, latency_s: float) -> Summarizer:
 
 
 def summarizer_for(app: Any) -> Summarizer:
-    s = runtime_for(app).settings
-    return _summarizer(s.rem_summarizer, s.rem_summarizer_latency_s)
+    s = rem_settings()
+    return _summarizer(s.summarizer, s.summarizer_latency_s)
 
 
 # -- due checks: cheap reads beat makes each tick ---------------------------------------------
@@ -83,9 +96,9 @@ def golden_path_pending() -> int:
     name="backup", cadence_s=CADENCES_S["backup"], kind=LaneKind.HEAVY, priority0=True,
     order=0, retry_after_failure_s=15 * MIN, retry_window_s=HOUR))
 def backup(self: LaneTask) -> str:
-    s = runtime_for(self.app).settings
-    path = snapshot(rem_store(self.app), Path(s.rem_backup_dir), fence=self.fence,
-                    keep=s.rem_backup_keep)
+    s = rem_settings()
+    path = snapshot(rem_store(self.app), Path(s.backup_dir), fence=self.fence,
+                    keep=s.backup_keep)
     return str(path)
 
 
@@ -95,8 +108,8 @@ def backup(self: LaneTask) -> str:
     gates=(Gate("memory-summary-backfill", GateCondition.DUE_AND_BEHIND,
                 DeferralReason.DEPENDENCY, max_defer_s=SUMMARY_GATE_MAX_DEFER_S),)))
 def summary(self: LaneTask) -> dict[str, int]:
-    s = runtime_for(self.app).settings
-    progress = work.summarize(rem_store(self.app), summarizer_for(self.app), batch=s.rem_batch,
+    progress = work.summarize(rem_store(self.app), summarizer_for(self.app),
+                              batch=rem_settings().batch,
                               fence=self.fence, should_yield=self.should_yield)
     self.report_backlog(progress.backlog)
     return {"done": progress.done, "skipped": progress.skipped, "backlog": progress.backlog}
@@ -106,8 +119,7 @@ def summary(self: LaneTask) -> dict[str, int]:
     name="dream", cadence_s=CADENCES_S["dream"], kind=LaneKind.HEAVY, order=20,
     due_check=dream_pending))
 def dream(self: LaneTask) -> dict[str, int]:
-    s = runtime_for(self.app).settings
-    progress = work.dream(rem_store(self.app), batch=s.rem_batch, fence=self.fence,
+    progress = work.dream(rem_store(self.app), batch=rem_settings().batch, fence=self.fence,
                           should_yield=self.should_yield)
     self.report_backlog(progress.backlog)
     return {"done": progress.done, "backlog": progress.backlog}
@@ -117,11 +129,11 @@ def dream(self: LaneTask) -> dict[str, int]:
     name="memory-summary-backfill", cadence_s=CADENCES_S["memory-summary-backfill"],
     kind=LaneKind.HEAVY, order=30, backlog_driven=True, due_check=backfill_pending))
 def memory_summary_backfill(self: LaneTask) -> dict[str, int]:
-    s = runtime_for(self.app).settings
-    progress = work.backfill(rem_store(self.app), summarizer_for(self.app), batch=s.rem_batch,
-                             fence=self.fence, should_yield=self.should_yield)
+    progress = work.backfill(rem_store(self.app), summarizer_for(self.app),
+                             batch=rem_settings().batch, fence=self.fence,
+                             should_yield=self.should_yield)
     if progress.done == 0 and progress.backlog > 0:
-        backoff_s = BACKFILL_BACKOFF_S * s.cadence_scale
+        backoff_s = BACKFILL_BACKOFF_S * runtime_for(self.app).settings.cadence_scale
         store = rem_store(self.app)
         store.client.set(store.keys.backfill_backoff_until, repr(time.time() + backoff_s))
     self.report_backlog(progress.backlog)
@@ -132,7 +144,7 @@ def memory_summary_backfill(self: LaneTask) -> dict[str, int]:
     name="golden-path", cadence_s=CADENCES_S["golden-path"], kind=LaneKind.LIGHT, order=40,
     due_check=golden_path_pending,
     gates=(Gate("dream", GateCondition.DUE_OR_RUNNING, DeferralReason.GOLDEN_PATH_DEPENDENCY,
-                in_legacy=True),)))
+                max_defer_s=GOLDEN_PATH_GATE_MAX_DEFER_S, in_legacy=True),)))
 def golden_path(self: LaneTask) -> int:
     return len(work.golden_path(rem_store(self.app)))
 

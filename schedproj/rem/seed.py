@@ -17,6 +17,11 @@ from schedproj.rem.summarizer import ExtractiveSummarizer, Summarizer
 from schedproj.rem.text import word_count
 from schedproj.rem.work import SUMMARY_SENTENCES, plan_digest
 
+#: The forensic moment's lane history (one earlier run each), by age in weeks: summary just
+#: drained, dream and golden-path weeks stale, backup an hour ago. The demo seeds it into
+#: Redis; the simulator's forensic scenario starts from it.
+SEEDED_HISTORY = {"summary": 0.0, "dream": 3.0, "golden-path": 3.0, "backup": 1 / 168}
+
 #: Nouns by topic; a session mostly talks about one topic, sometimes drifts to another.
 TOPICS: dict[str, tuple[str, ...]] = {
     "maintenance": ("lease", "lane", "scheduler", "backlog", "worker", "queue", "cadence",

@@ -14,7 +14,6 @@ Reads are cheap and at worst O(sessions), in one or two round trips.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -22,10 +21,11 @@ from typing import Any
 
 import redis
 
-from schedproj import scripts
-from schedproj.defaults import STATE_VERSION
-from schedproj.errors import ConfigurationError, LeaseLost, StateError
+from schedproj.core import codec
+from schedproj.core.defaults import STATE_VERSION
+from schedproj.core.errors import ConfigurationError, LeaseLost, StateError
 from schedproj.rem.text import word_count
+from schedproj.store import scripts
 
 #: The model context window, in words: a session with more words than this is "over the
 #: window" and is summarized from per-turn mini-summaries instead of its turns.
@@ -264,22 +264,11 @@ class RemCounts:
 # -- encoding --------------------------------------------------------------------------------
 
 def _encode(record: Any) -> str:
-    return json.dumps({"v": STATE_VERSION, **asdict(record)}, separators=(",", ":"),
-                      sort_keys=True)
+    return codec.dumps(asdict(record), STATE_VERSION, sort_keys=True)
 
 
 def _decode_object(raw: Any, key: str) -> dict[str, Any]:
-    try:
-        data = json.loads(raw)
-    except (TypeError, ValueError) as exc:
-        raise StateError(key, f"not valid JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise StateError(key, f"expected a JSON object, found {type(data).__name__}")
-    version = data.pop("v", None)
-    if version != STATE_VERSION:
-        raise StateError(key, f"format version {version!r}, this schedproj reads version "
-                              f"{STATE_VERSION}")
-    return data
+    return codec.loads(raw, key, STATE_VERSION)
 
 
 def _decode_meta(raw: Any, key: str) -> SessionMeta:
@@ -401,7 +390,7 @@ class MemoryStore:
         if not client.get_connection_kwargs().get("decode_responses"):
             raise ConfigurationError(
                 "MemoryStore needs a Redis client that decodes responses to str. Fix: build it "
-                "with schedproj.redis_conn.connect(url) or decode_responses=True")
+                "with schedproj.store.connection.connect(url) or decode_responses=True")
         if window_words < 1:
             raise ConfigurationError(f"window_words must be >= 1, got {window_words}")
         self.client = client
@@ -495,8 +484,7 @@ class MemoryStore:
             w.op("DEL", minis_key)
             w.variadic("RPUSH", turns_key, list(turns))
             w.op("HSET", self.keys.sessions, sid,
-                 json.dumps({"v": STATE_VERSION, "turns": meta.turns, "words": meta.words},
-                            separators=(",", ":")))
+                 codec.dumps({"turns": meta.turns, "words": meta.words}, STATE_VERSION))
             batch.append(w)
         self._apply(batch, fence, "add_sessions")
         return metas

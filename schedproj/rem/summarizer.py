@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any, Protocol, cast, runtime_checkable
 
-from schedproj.errors import ConfigurationError
+from schedproj.core.errors import ConfigurationError
 from schedproj.rem.text import content_words, sentences
 
 #: The setting that names the summarizer; quoted in every error about it.

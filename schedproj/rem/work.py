@@ -3,7 +3,7 @@
 Heavy steps (backfill, summarize, dream) work in bounded batches. Before each batch they ask
 ``should_yield()`` (the hold cap was reached or the lease was lost) and stop there, reporting
 the backlog they left, so the picker can re-rank. Each batch is one fenced atomic write: a run
-whose lease was taken over gets :class:`~schedproj.errors.LeaseLost` instead of writing.
+whose lease was taken over gets :class:`~schedproj.core.errors.LeaseLost` instead of writing.
 
 Light steps (golden path, heartbeat) are single cheap passes and write unfenced.
 """

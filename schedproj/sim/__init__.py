@@ -1,7 +1,7 @@
 """``schedproj simulate``: a discrete-event simulator of the fair scheduler in virtual time.
 
-It drives the project's own pipeline (:func:`schedproj.pipeline.decide`), picker and
-:func:`schedproj.dispatch.sched_changes` with a model of run durations, backlog, arrivals,
+It drives the project's own pipeline (:func:`schedproj.core.pipeline.decide`), picker and
+:func:`schedproj.core.planner.sched_changes` with a model of run durations, backlog, arrivals,
 yields at the hold cap, gates and failures, and compares policy variants on the same scenario
 and seed. See docs/simulator.md.
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from schedproj.errors import SchedprojError
+from schedproj.core.errors import SchedprojError
 
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
 
@@ -36,6 +36,23 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> 
         raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
 
 
+def _cadence_range(ctx: click.Context, param: click.Parameter,
+                   value: str | None) -> tuple[float, float] | None:
+    if value is None:
+        return None
+    low, sep, high = value.partition(":")
+    try:
+        if not sep:
+            raise ValueError(f"{value!r} is not LOW:HIGH")
+        bounds = parse_duration(low), parse_duration(high)
+    except ValueError as exc:
+        raise click.BadParameter(f"{exc}; write LOW:HIGH, e.g. 1m:24h", ctx=ctx,
+                                 param=param) from None
+    if bounds[0] > bounds[1]:
+        raise click.BadParameter(f"{value!r}: LOW is above HIGH", ctx=ctx, param=param)
+    return bounds
+
+
 def _demands(values: tuple[str, ...]) -> list[float]:
     hs: list[float] = []
     for value in values:
@@ -59,10 +76,17 @@ def _variant_labels() -> list[str]:
 
 
 @click.command()
-@click.option("--scenario", type=click.Choice(["forensic", "random", "trace"]),
+@click.option("--scenario",
+              type=click.Choice(["forensic", "random", "mixed", "trace", "family"]),
               default="forensic", show_default=True,
               help="forensic: the REM chain with the original's backlog; random: random lane "
-                   "sets at heavy demand H; trace: your own lanes from --trace FILE.")
+                   "sets at heavy demand H; mixed: cadences from 1 minute to 24 hours, work "
+                   "arriving each period, pressure-aware yielding against the hold cap alone, "
+                   "a 120 s cap and the legacy picker; trace: your own lanes from --trace FILE; "
+                   "family: a heavy lane family of --members members and the REM chain at "
+                   "total heavy demand --H (default 0.9), staleness picker only.")
+@click.option("--members", default=1000, show_default=True, type=click.IntRange(1),
+              help="Members of the family scenario's lane family.")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Trace file (JSON, see docs/simulator.md); implies --scenario trace.")
 @click.option("--H", "hs", multiple=True, metavar="H[,H...]",
@@ -76,8 +100,22 @@ def _variant_labels() -> list[str]:
               help="Beat's poll interval (default 3 s, or the trace's tick_s).")
 @click.option("--hold-cap", default=None, callback=_duration, metavar="DURATION",
               help="Heavy hold cap (default 30 min, or the trace's hold_cap_s).")
-@click.option("--sets", default=3, show_default=True, type=click.IntRange(1),
-              help="Random lane sets per H.")
+@click.option("--sets", default=None, type=click.IntRange(1),
+              help="Random lane sets per H (default: random 3, mixed 20).")
+@click.option("--cadence-range", default=None, callback=_cadence_range, metavar="LOW:HIGH",
+              help="Cadences log-uniform over this range, run lengths differing between lanes "
+                   "(random: spread sets instead of cadences within a factor 3; mixed: default "
+                   "1m:24h).")
+@click.option("--pressure/--no-pressure", default=None,
+              help="Pressure-aware yielding on forensic, random and trace scenarios (default "
+                   "off there, as the reference outputs were made; mixed always compares "
+                   "both).")
+@click.option("--pressure-target", type=click.FloatRange(min=0, min_open=True), default=None,
+              metavar="RATIO", help="Pressure: a waiting lane this stale makes the holder "
+                                    "yield (default 1.5; implies --pressure).")
+@click.option("--min-hold", default=None, callback=_duration, metavar="DURATION",
+              help="Pressure: the least a run holds before pressure can make it yield "
+                   "(default 10s; implies --pressure).")
 @click.option("--heavy-lanes", default=8, show_default=True, type=click.IntRange(1),
               help="Heavy lanes per random set.")
 @click.option("--variant", "variants", multiple=True, type=click.Choice(_variant_labels()),
@@ -95,10 +133,12 @@ def _variant_labels() -> list[str]:
               help="Write the forensic/trace scenario as a trace file (a starting point for "
                    "your own).")
 def simulate(scenario: str, trace_path: Path | None, hs: tuple[str, ...], seed: int,
-             horizon: float | None, tick: float | None, hold_cap: float | None, sets: int,
+             horizon: float | None, tick: float | None, hold_cap: float | None,
+             sets: int | None, cadence_range: tuple[float, float] | None,
+             pressure: bool | None, pressure_target: float | None, min_hold: float | None,
              heavy_lanes: int, variants: tuple[str, ...], fail_prob: float | None,
              no_wake: bool, jobs: int | None, as_json: bool, plot_dir: Path | None,
-             dump_trace: Path | None) -> None:
+             dump_trace: Path | None, members: int) -> None:
     """Simulate the scheduler in virtual time: the project's own pipeline and picker, a model
     of run durations, backlog, yields, gates and failures; four policy variants side by side
     (staleness or legacy registry picker, with or without the light-lane second pass)."""
@@ -107,19 +147,76 @@ def simulate(scenario: str, trace_path: Path | None, hs: tuple[str, ...], seed: 
     chosen = tuple(Variant.parse(v) for v in variants) if variants else None
     if trace_path is not None:
         scenario = "trace"
+    rule = _rule(pressure, pressure_target, min_hold)
+    if cadence_range is not None and scenario not in ("random", "mixed"):
+        raise click.UsageError("--cadence-range applies to --scenario random or mixed")
     try:
-        if scenario == "random":
+        if scenario == "family":
+            _family(members, _demands(hs), seed, horizon, tick, as_json)
+            return
+        if scenario == "mixed":
+            _mixed(_demands(hs), seed, horizon, tick, hold_cap, sets, cadence_range, rule,
+                   heavy_lanes, fail_prob, no_wake, jobs, as_json, dump_trace)
+        elif scenario == "random":
             if dump_trace is not None:
-                raise click.UsageError("--dump-trace works with --scenario forensic or trace")
-            _random(_demands(hs), seed, horizon, tick, hold_cap, sets, heavy_lanes, chosen,
-                    fail_prob, no_wake, jobs, as_json, plot_dir)
+                raise click.UsageError("--dump-trace works with --scenario forensic, mixed "
+                                       "or trace")
+            _random(_demands(hs), seed, horizon, tick, hold_cap, sets or 3, heavy_lanes,
+                    chosen, fail_prob, no_wake, jobs, as_json, plot_dir, cadence_range, rule)
         else:
             if hs:
-                raise click.UsageError("--H applies to --scenario random")
+                raise click.UsageError("--H applies to --scenario random or mixed")
             _single(scenario, trace_path, seed, horizon, tick, hold_cap, chosen, fail_prob,
-                    no_wake, as_json, plot_dir, dump_trace)
+                    no_wake, as_json, plot_dir, dump_trace, rule)
     except SchedprojError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def _family(members: int, hs: list[float], seed: int, horizon: float | None,
+            tick: float | None, as_json: bool) -> None:
+    """The family scenario, staleness picker with the second pass: its metrics and the
+    family's report (members' maximal ratios, Jain over members, the REM chain drained)."""
+    from dataclasses import asdict
+
+    from schedproj.sim.engine import simulate as run
+    from schedproj.sim.families import family_rem, family_report
+    from schedproj.sim.metrics import json_dict, summarize
+    from schedproj.sim.model import Variant
+
+    if len(hs) > 1:
+        raise click.UsageError("--scenario family takes one --H")
+    s = family_rem(members, hs[0] if hs else 0.9)
+    s = s.with_(**_overrides(horizon, tick, None, False))
+    simulated = run(s, Variant.parse("staleness+pass"), seed)
+    metrics = summarize(simulated)
+    report = family_report(metrics, simulated)
+    out = {"scenario": s.name, "description": s.description, "params": s.params,
+           "seed": seed, "horizon_s": s.horizon_s, "family": asdict(report),
+           "verdicts": report.verdicts(),
+           "metrics": {k: v for k, v in metrics.as_dict().items() if k != "lanes"}}
+    if as_json:
+        click.echo(json.dumps(json_dict(out), indent=2))
+        return
+    click.echo(f"{s.description}\nhorizon {s.horizon_s / 3600:g} h, seed {seed}")
+    fairness = "-" if report.jain_members is None else f"{report.jain_members:.4f}"
+    click.echo(f"REM chain drained: {report.rem_drained}; members {report.members}: maximal "
+               f"staleness ratio {report.member_max_ratio:.2f} ({report.worst_member}), "
+               f"{report.members_over_goal} over 2.5; in the second half "
+               f"{report.member_max_ratio_second_half:.2f}; Jain over members {fairness}")
+    for lane, row in report.rem.items():
+        click.echo(f"  {lane}: max ratio {row['max_ratio']:.2f}, runs {row['runs']}, "
+                   f"backlog left {row['final_backlog']}")
+
+
+def _rule(pressure: bool | None, target: float | None, min_hold: float | None) -> Any:
+    """The pressure rule asked for: None (off) unless --pressure or one of its settings."""
+    from schedproj.core.pressure import PressureRule
+
+    if pressure is False or (pressure is None and target is None and min_hold is None):
+        return None
+    rule = PressureRule()
+    return PressureRule(target_ratio=target if target is not None else rule.target_ratio,
+                        min_hold_s=min_hold if min_hold is not None else rule.min_hold_s)
 
 
 def _overrides(horizon: float | None, tick: float | None, hold_cap: float | None,
@@ -132,7 +229,7 @@ def _overrides(horizon: float | None, tick: float | None, hold_cap: float | None
 def _single(scenario: str, trace_path: Path | None, seed: int, horizon: float | None,
             tick: float | None, hold_cap: float | None, chosen: Any, fail_prob: float | None,
             no_wake: bool, as_json: bool, plot_dir: Path | None,
-            dump_trace: Path | None) -> None:
+            dump_trace: Path | None, rule: Any = None) -> None:
     from schedproj.sim.model import VARIANTS
     from schedproj.sim.report import compare, comparison_tables, print_tables
     from schedproj.sim.scenarios import forensic
@@ -142,6 +239,8 @@ def _single(scenario: str, trace_path: Path | None, seed: int, horizon: float | 
         raise click.UsageError("--scenario trace needs --trace FILE")
     s = load_trace(trace_path) if trace_path is not None else forensic()
     s = s.with_(**_overrides(horizon, tick, hold_cap, no_wake))
+    if rule is not None:
+        s = s.with_(pressure=rule)
     if fail_prob is not None:
         s = s.map_lanes(fail_prob=fail_prob)
     if dump_trace is not None:
@@ -163,7 +262,8 @@ def _single(scenario: str, trace_path: Path | None, seed: int, horizon: float | 
 def _random(hs: list[float], seed: int, horizon: float | None, tick: float | None,
             hold_cap: float | None, sets: int, heavy_lanes: int, chosen: Any,
             fail_prob: float | None, no_wake: bool, jobs: int | None, as_json: bool,
-            plot_dir: Path | None) -> None:
+            plot_dir: Path | None, cadence_range: tuple[float, float] | None = None,
+            rule: Any = None) -> None:
     from schedproj.sim.model import VARIANTS
     from schedproj.sim.report import print_tables, sweep, sweep_table
     from schedproj.sim.scenarios import DEFAULT_HS
@@ -172,6 +272,10 @@ def _random(hs: list[float], seed: int, horizon: float | None, tick: float | Non
                               **_overrides(horizon, tick, hold_cap, no_wake)}
     if fail_prob is not None:
         kwargs["fail_prob"] = fail_prob
+    if cadence_range is not None:
+        kwargs["cadence_range"] = cadence_range
+    if rule is not None:
+        kwargs["pressure"] = rule
     sw = sweep(hs or list(DEFAULT_HS), seed=seed, sets=sets, variants=chosen or VARIANTS,
                jobs=jobs, **kwargs)
     if as_json:
@@ -183,6 +287,45 @@ def _random(hs: list[float], seed: int, horizon: float | None, tick: float | Non
 
         path = sweep_plot(sw, plot_dir / "max_ratio_vs_H.png")
         click.echo(f"wrote {path}", err=True)
+
+
+def _mixed(hs: list[float], seed: int, horizon: float | None, tick: float | None,
+           hold_cap: float | None, sets: int | None,
+           cadence_range: tuple[float, float] | None, rule: Any, heavy_lanes: int,
+           fail_prob: float | None, no_wake: bool, jobs: int | None, as_json: bool,
+           dump_trace: Path | None) -> None:
+    from schedproj.core import defaults
+    from schedproj.sim.mixed import (
+        MIXED_HS,
+        MIXED_SETS,
+        configs,
+        mixed_lanes,
+        mixed_sweep,
+        mixed_table,
+    )
+    from schedproj.sim.report import print_tables
+    from schedproj.sim.trace import scenario_to_trace
+
+    kwargs: dict[str, Any] = {"n_heavy": heavy_lanes,
+                              **_overrides(horizon, tick, None, no_wake)}
+    if fail_prob is not None:
+        kwargs["fail_prob"] = fail_prob
+    if cadence_range is not None:
+        kwargs["cadence_range"] = cadence_range
+    cap = hold_cap if hold_cap is not None else defaults.HOLD_CAP_S
+    cfgs = configs(rule, cap)
+    hs = hs or list(MIXED_HS)
+    if dump_trace is not None:
+        first = mixed_lanes(hs[0], seed=seed, hold_cap_s=cap, pressure=cfgs[0].pressure,
+                            **kwargs)
+        dump_trace.write_text(json.dumps(scenario_to_trace(first), indent=2) + "\n",
+                              encoding="utf-8")
+        click.echo(f"wrote {dump_trace} (set 0 at H = {hs[0]:g})", err=True)
+    sw = mixed_sweep(hs, seed=seed, sets=sets or MIXED_SETS, cfgs=cfgs, jobs=jobs, **kwargs)
+    if as_json:
+        click.echo(json.dumps(sw.as_dict(), indent=2))
+    else:
+        print_tables([mixed_table(sw)], sys.stdout)
 
 
 __all__ = ["parse_duration", "simulate"]

@@ -1,11 +1,10 @@
 """A discrete-event simulator in virtual time that drives the project's own scheduling core.
 
-Every decision is :func:`schedproj.pipeline.decide` (due -> gates -> pick) on
-:class:`~schedproj.state.LaneState` records and a :class:`~schedproj.state.LeaseView` built
-from the simulator's state, and every decision's beat-owned changes (in-flight message,
-deferral streaks) come from :func:`schedproj.dispatch.sched_changes`, exactly as
-``FairScheduler`` does. Run records are written the way ``LaneTask`` writes them (the last run
-ends at ``last_run_at``; a failed run reports no backlog; yields keep the lane due).
+Every tick is :func:`schedproj.core.planner.plan_tick` — the planner ``FairScheduler`` carries
+out — on :class:`~schedproj.core.records.LaneState` records and a lease view built from the
+simulator's state; the plan's beat-owned changes (in-flight message, deferral streaks) are
+applied as beat writes them. Run records change by the same transitions ``LaneTask`` uses
+(:mod:`schedproj.core.lifecycle`); a failed run reports no backlog; yields keep the lane due.
 
 Beat is modelled as the real loop: after a decision at ``t`` it polls again after
 ``min(tick, seconds_until_next_due)``, and a finishing run wakes it at once (wake on release).
@@ -18,19 +17,19 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
-from schedproj import defaults
-from schedproj.dispatch import Send, sched_changes
-from schedproj.lanes import DeferralReason, LaneSpec
-from schedproj.picker import pick
-from schedproj.pipeline import Decision, decide, enabled_under, seconds_until_next_due
+from schedproj.core import defaults, lifecycle
+from schedproj.core.deferrals import LEASE_WAITS
+from schedproj.core.lanes import LaneSpec, enabled_under
+from schedproj.core.picker import Policy, pick
+from schedproj.core.pipeline import Decision
+from schedproj.core.planner import TickInput, plan_tick
+from schedproj.core.pressure import HOLD_CAP, Pressure, measure, yield_reason
+from schedproj.core.records import LaneState, LeaseView, Outcome, RunRecord, SchedRecord
 from schedproj.sim.model import Arrival, Durations, LaneModel, Scenario, SimError, Variant
-from schedproj.state import LaneState, LeaseView, Outcome, RunRecord, SchedRecord
 
-#: Deferral reasons that are not gates (the lease, or another heavy lane won the pick).
-NOT_GATES = frozenset({DeferralReason.LEASE_HELD, DeferralReason.BACKPRESSURE})
 #: A simulation that needs more decisions than this is stopped (a modelling error, not a run).
 MAX_DECISIONS = 5_000_000
 #: Float tolerance for "this instant is on the poll grid".
@@ -85,6 +84,12 @@ class SimRun:
     decisions: int
     deferrals: dict[str, int]
     expired_gates: int
+    #: Every heavy yield: (time, lane, reason, was another heavy lane due then?).
+    yields: list[tuple[float, str, str, bool]] = field(default_factory=list)
+    #: Every heavy run start: (lane, time, staleness ratio then, seconds it waited while due).
+    starts: list[tuple[str, float, float, float]] = field(default_factory=list)
+    #: Seconds of heavy runs' fixed start-up parts (``run_s``) paid on the lease.
+    startup_s: float = 0.0
 
 
 @dataclass
@@ -224,7 +229,7 @@ class _Lane:
         if self.backlog_since is not None:
             candidates.append(self.backlog_since)
         if not spec.backlog_driven:
-            candidates.append(-math.inf if last is None else last + self.cadence)
+            candidates.append(-math.inf if last is None else last + self.cadence * spec.due_ratio)
         if (spec.retry_after_failure_s is not None and last is not None
                 and run.last_outcome is Outcome.FAILED):
             candidates.append(last + spec.retry_after_failure_s)
@@ -275,6 +280,12 @@ class Simulation:
         self.light_behind_light = 0
         self.deferrals: dict[str, int] = {}
         self.expired_gates = 0
+        # Pressure-aware yielding: what beat published during the current hold.
+        self.rule = scenario.pressure if variant.policy is Policy.STALENESS else None
+        self.published: list[tuple[float, Pressure | None]] = []
+        self.yields: list[tuple[float, str, str, bool]] = []
+        self.starts: list[tuple[str, float, float, float]] = []
+        self.startup_s = 0.0
         #: Arrivals not yet happened: the system is not idle while more work is on its way.
         self.arrivals_left = len(scenario.arrivals)
         for a in scenario.arrivals:
@@ -332,6 +343,7 @@ class Simulation:
             falsifier=self.falsifier, falsifier_episodes=self.falsifier_episodes,
             light_behind_light=self.light_behind_light, decisions=self.decisions,
             deferrals=dict(sorted(self.deferrals.items())), expired_gates=self.expired_gates,
+            yields=self.yields, starts=self.starts, startup_s=self.startup_s,
         )
 
     def _handle(self, kind: int, obj: Any, t: float) -> bool:
@@ -381,31 +393,36 @@ class Simulation:
     def _decide(self, t: float, observe_only: bool = False) -> Decision:
         states = self._states()
         probes = {rt.name: rt.probe() for rt in self.probed}
-        decision = decide(self.specs, states, self.lease, t, self.s.profile, probes=probes,
-                          policy=self.v.policy)
+        plan = plan_tick(self.specs, TickInput(states=states, lease=self.lease, probes=probes),
+                         t, profile=self.s.profile, policy=self.v.policy,
+                         start_deadline_s=defaults.START_DEADLINE_S,
+                         task_id=lambda n: f"{n}#{self.by_name[n].started}")
+        decision = plan.decision
         self.decisions += 1
         self._observe_due(decision, t)
         if observe_only:
             return decision
+        if self.rule is not None and self.lease is not None:
+            # Beat publishes the pressure it computed with its tick (FairScheduler does too).
+            self.published.append((t, measure(decision, states, self.lease, t)))
         if self.drained_at is None and self._idle(decision):
             self.drained_at = t
         self._track_gates(decision, t)
         chosen = self._choose(decision)
-        sends = {n: Send(n, f"{n}#{self.by_name[n].started}", t + defaults.START_DEADLINE_S)
-                 for n in chosen}
-        changes, news = sched_changes(decision, states, sends, t)
-        for name, rec in changes.items():
+        if len(chosen) < len(plan.sends):
+            plan = plan.only(chosen)
+        for name, rec in plan.changes.items():
             self.by_name[name].set_sched(rec)
-        for d in news:
+        for d in plan.new_deferrals:
             self.deferrals[d.reason.value] = self.deferrals.get(d.reason.value, 0) + 1
         self.expired_gates += len(decision.expired_gates)
         for name in chosen:
             rt = self.by_name[name]
             if rt.heavy:
-                self._start_heavy(rt, sends[name].task_id, t)
+                self._start_heavy(rt, plan.sends[name].task_id, t)
             else:
-                self._start_light(rt, sends[name].task_id, t)
-        wait = seconds_until_next_due(decision.views, states, t)
+                self._start_light(rt, plan.sends[name].task_id, t)
+        wait = plan.next_due_in_s
         self.next_due = math.inf if wait is None else t + max(wait, 1e-6)
         self.last_decision = t
         self.first_change = t if chosen else None
@@ -431,7 +448,7 @@ class Simulation:
                 rt.gate_clear = self.first_change if self.first_change is not None else t
         for d in decision.deferred:
             rt = self.by_name[d.lane]
-            if not rt.heavy and d.reason not in NOT_GATES:
+            if not rt.heavy and d.reason not in LEASE_WAITS:
                 rt.gated = True
 
     def _choose(self, decision: Decision) -> list[str]:
@@ -487,18 +504,46 @@ class Simulation:
         dues = [x.due_since for x in self.enabled if x.heavy and x.due_since is not None]
         if dues:
             self.idle_due_s += max(0.0, t - max(self.lease_free_since, min(dues)))
+        ratio = (t - rt.origin) / rt.cadence if rt.origin is not None else 0.0
+        waited = t - rt.due_since if rt.due_since is not None else 0.0
+        self.starts.append((rt.name, t, ratio, waited))
         self._dispatched(rt, t)
         rt.due_since = None
         self.fence += 1
+        self.published = []
         self.lease = LeaseView(lane=rt.name, token=f"sim-{self.fence}", fence=self.fence,
                                granted_at=t, started_at=t, task_id=task_id)
         self.lease_start = t
         bound = defaults.LEASE_TTL_S + defaults.HEAVY_TIME_LIMIT_S
-        rt.set_run(replace(rt.run, running_task_id=task_id, running_since=t,
-                           running_until=t + bound, fence=max(rt.run.fence, self.fence)))
+        rt.set_run(lifecycle.started(rt.run, task_id=task_id, now=t, running_until=t + bound,
+                                     fence=self.fence))
         run = _HeavyRun(rt, task_id, rt.started, t, self.fence)
         rt.started += 1
+        self.startup_s += rt.dur.run(run.index)
         self._schedule_step(run, t, rt.dur.run(run.index))
+
+    def _seen_pressure(self, run: _HeavyRun, t: float) -> Pressure | None:
+        """The pressure the holder knows at ``t``: what beat had published by the holder's
+        last lease renewal (every third of the lease TTL since the start, as LeaseRenewer)."""
+        every = defaults.LEASE_TTL_S / 3
+        renewed = run.start + math.floor((t - run.start) / every) * every
+        if renewed <= run.start:
+            return None
+        for at, pressure in reversed(self.published):
+            if at <= renewed:
+                return pressure
+        return None
+
+    def _others_due(self, rt: _Lane, t: float) -> bool:
+        """Is another heavy lane due at ``t`` (by backlog, never having run, or cadence)?"""
+        for x in self.enabled:
+            if x is rt or not x.heavy:
+                continue
+            last = x.run.last_run_at
+            if x.has_backlog() or (not x.spec.backlog_driven
+                                   and (last is None or t - last >= x.cadence)):
+                return True
+        return False
 
     def _schedule_step(self, run: _HeavyRun, t: float, duration: float) -> None:
         if run.rt.dur.fails(run.index, run.step):
@@ -514,8 +559,11 @@ class Simulation:
         if run.pos >= len(rt.pool):
             self._end_heavy(run, t, Outcome.COMPLETED)
             return True
-        if t - run.start >= self.s.hold_cap_s:  # should_yield() before the next batch
-            self._end_heavy(run, t, Outcome.YIELDED)
+        reason = yield_reason(held_s=t - run.start, hold_cap_s=self.s.hold_cap_s,
+                              pressure=self._seen_pressure(run, t) if self.rule else None,
+                              rule=self.rule, now=t, fence=run.fence)
+        if reason is not None:  # should_yield() before the next batch
+            self._end_heavy(run, t, Outcome.YIELDED, reason)
             return True
         chunk = rt.pool[run.pos:run.pos + rt.m.batch]
         have = rt.producer.done if rt.producer is not None else 0
@@ -555,20 +603,20 @@ class Simulation:
         rt.backlog_changed(t)
         self._changed(t)
 
-    def _end_heavy(self, run: _HeavyRun, t: float, outcome: Outcome) -> None:
+    def _end_heavy(self, run: _HeavyRun, t: float, outcome: Outcome,
+                   why: str = HOLD_CAP) -> None:
         rt = run.rt
         failed = outcome is Outcome.FAILED
         if outcome is Outcome.YIELDED and not rt.pool:
             outcome = Outcome.COMPLETED
-        before = rt.run
-        # As LaneTask._record writes it; a failed run never reported its backlog.
-        rt.set_run(RunRecord(
-            last_run_at=t, last_outcome=outcome,
-            last_reason="hold-cap" if outcome is Outcome.YIELDED else
+        if outcome is Outcome.YIELDED:
+            self.yields.append((t, rt.name, why, self._others_due(rt, t)))
+        # A failed run never reported its backlog.
+        rt.set_run(lifecycle.finished(
+            rt.run, task_id=run.task_id, outcome=outcome,
+            reason=why if outcome is Outcome.YIELDED else
             ("sim: step failed" if failed else None),
-            failing_since=(before.failing_since or t) if failed else None,
-            last_task_id=run.task_id, backlog=0 if failed else len(rt.pool),
-            runs=before.runs + 1, failures=before.failures + failed, fence=run.fence))
+            backlog=0 if failed else len(rt.pool), now=t, fence=run.fence))
         rt.trace.runs.append((run.start, t, outcome.value))
         rt.run_ended(t)
         self.lease = None
@@ -589,8 +637,8 @@ class Simulation:
         rt.fals_flag = False
         self._dispatched(rt, t)
         rt.due_since = None
-        rt.set_run(replace(rt.run, running_task_id=task_id, running_since=t,
-                           running_until=t + defaults.LIGHT_TIME_LIMIT_S))
+        rt.set_run(lifecycle.started(rt.run, task_id=task_id, now=t,
+                                     running_until=t + defaults.LIGHT_TIME_LIMIT_S))
         index = rt.started
         rt.started += 1
         failed = rt.dur.fails(index, 0)
@@ -603,13 +651,9 @@ class Simulation:
         outcome = Outcome.FAILED if run.failed else Outcome.COMPLETED
         if not run.failed:
             rt.seen = run.snapshot
-        before = rt.run
-        rt.set_run(RunRecord(
-            last_run_at=t, last_outcome=outcome,
-            last_reason="sim: run failed" if run.failed else None,
-            failing_since=(before.failing_since or t) if run.failed else None,
-            last_task_id=run.task_id, backlog=0, runs=before.runs + 1,
-            failures=before.failures + run.failed, fence=before.fence))
+        rt.set_run(lifecycle.finished(
+            rt.run, task_id=run.task_id, outcome=outcome,
+            reason="sim: run failed" if run.failed else None, backlog=0, now=t))
         rt.trace.runs.append((run.start, t, outcome.value))
         rt.run_ended(t)
         self._changed(t)

@@ -127,7 +127,7 @@ def total_items(s: Scenario) -> dict[str, int]:
 
 
 def _enabled(s: Scenario) -> dict[str, bool]:
-    from schedproj.pipeline import enabled_under
+    from schedproj.core.lanes import enabled_under
 
     return {m.name: enabled_under(s.profile, m.spec.deployment) for m in s.lanes}
 

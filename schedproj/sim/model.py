@@ -14,11 +14,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from schedproj import defaults
-from schedproj.errors import ConfigurationError
-from schedproj.lanes import LaneSpec
-from schedproj.picker import Policy
-from schedproj.settings import Profile
+from schedproj.core import defaults
+from schedproj.core.errors import ConfigurationError
+from schedproj.core.lanes import LaneSpec, Profile
+from schedproj.core.picker import Policy
+from schedproj.core.pressure import PressureRule
 
 
 class SimError(ConfigurationError):
@@ -97,6 +97,10 @@ class Scenario:
     profile: Profile = Profile.LOCAL
     #: A finishing run wakes beat at once (the project's default); False: the next poll sees it.
     wake_on_release: bool = True
+    #: Pressure-aware yielding (``schedproj.core.pressure``) for the staleness variants; None:
+    #: off, runs yield only at the hold cap. The legacy variants model the original system,
+    #: which had no pressure yielding, and never use it.
+    pressure: PressureRule | None = None
     description: str = ""
     #: Free-form facts about how the scenario was built (shown in the JSON report).
     params: Mapping[str, Any] = field(default_factory=dict, compare=False)
@@ -243,9 +247,11 @@ def _check_links(m: LaneModel, names: Mapping[str, LaneModel]) -> None:
         if b.count < 0 or b.per_item < 1:
             raise _bad(name, f"blocked count={b.count!r}, per_item={b.per_item!r}",
                        "give count >= 0 and per_item >= 1")
+    families = {lane.spec.family for lane in names.values()}
     for gate in m.spec.gates:
-        if gate.blocker not in names:
-            raise _bad(name, f"a gate names unknown lane {gate.blocker!r}", f"name one of {known}")
+        if gate.blocker not in names and gate.blocker not in families:
+            raise _bad(name, f"a gate names unknown lane {gate.blocker!r}",
+                       f"name one of {known}, or a lane family")
 
 
 def feed_order(lanes: Iterable[LaneModel]) -> list[str]:

@@ -6,7 +6,7 @@ import os
 import statistics
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any, TextIO
 
 from rich.console import Console
@@ -45,10 +45,13 @@ class Comparison:
 
 
 def scenario_dict(s: Scenario) -> dict[str, Any]:
-    return {"name": s.name, "description": s.description, "horizon_s": s.horizon_s,
-            "tick_s": s.tick_s, "hold_cap_s": s.hold_cap_s, "profile": s.profile.value,
-            "wake_on_release": s.wake_on_release, "params": dict(s.params),
-            "lanes": [m.name for m in s.lanes]}
+    out = {"name": s.name, "description": s.description, "horizon_s": s.horizon_s,
+           "tick_s": s.tick_s, "hold_cap_s": s.hold_cap_s, "profile": s.profile.value,
+           "wake_on_release": s.wake_on_release, "params": dict(s.params),
+           "lanes": [m.name for m in s.lanes]}
+    if s.pressure is not None:  # only when on, so outputs made with it off stay the same
+        out["pressure"] = asdict(s.pressure)
+    return out
 
 
 def compare(scenario: Scenario, seed: int | str = 1,
@@ -152,7 +155,9 @@ def sweep(hs: Sequence[float], seed: int | str = 1, sets: int = 3,
         results = [_sweep_task(t) for t in tasks]
     return Sweep(hs=tuple(float(h) for h in hs), seed=str(seed), sets=sets,
                  variants=tuple(v.label for v in variants),
-                 points=tuple(p for ps in results for p in ps), params=dict(random_kwargs))
+                 points=tuple(p for ps in results for p in ps),
+                 params={k: asdict(v) if is_dataclass(v) and not isinstance(v, type) else v
+                         for k, v in random_kwargs.items()})
 
 
 # -- terminal tables ----------------------------------------------------------------------------

@@ -8,8 +8,9 @@ import statistics
 from types import ModuleType
 from typing import Any
 
-from schedproj import defaults
-from schedproj.lanes import DeferralReason, Gate, GateCondition, Lane, LaneKind, LaneSpec
+from schedproj.core import defaults
+from schedproj.core.lanes import DeferralReason, Gate, GateCondition, Lane, LaneKind, LaneSpec
+from schedproj.core.pressure import PressureRule
 from schedproj.sim.model import Blocked, LaneModel, Scenario
 
 HOUR = 3600.0
@@ -55,7 +56,7 @@ FORENSIC_JITTER = 0.25
 def rem_specs(module: ModuleType | None = None) -> tuple[LaneSpec, ...]:
     """The REM lanes exactly as ``schedproj.rem.lanes`` declares them (cadences, kinds,
     priority-0, gates, order), validated by the project's own registry code."""
-    from schedproj.registry import build_lane_set
+    from schedproj.core.laneset import build_lane_set
 
     if module is None:
         from schedproj.rem import lanes as module
@@ -78,7 +79,7 @@ def forensic_history() -> dict[str, float]:
     """Seconds since each lane's last run at time 0, as ``schedproj demo`` seeds it: summary
     just drained, dream and golden-path three weeks stale, backup an hour ago; the rest never
     ran."""
-    from schedproj.demo import SEEDED_HISTORY
+    from schedproj.rem.seed import SEEDED_HISTORY
 
     return {lane: max(1.0, weeks * WEEK) for lane, weeks in SEEDED_HISTORY.items()}
 
@@ -118,7 +119,9 @@ def random_lanes(h: float, *, seed: int | str = 1, index: int = 0, n_heavy: int 
                  run_s: float = 60.0, periods: float = 20.0, horizon_s: float | None = None,
                  tick_s: float = defaults.BEAT_MAX_LOOP_INTERVAL_S,
                  hold_cap_s: float = defaults.HOLD_CAP_S, fail_prob: float = 0.0,
-                 wake_on_release: bool = True) -> Scenario:
+                 wake_on_release: bool = True,
+                 cadence_range: tuple[float, float] | None = None,
+                 pressure: PressureRule | None = None) -> Scenario:
     """``n_heavy`` heavy lanes whose runs all take ``run_s`` (unit-length runs, as in the
     scheduling-theory results) with cadences chosen so that Σ run_s / cadence = ``h``: lane i
     gets the share h·w_i/Σw of the lease, w_i ~ U(0.5, 1.5). Declared order is a random
@@ -126,7 +129,11 @@ def random_lanes(h: float, *, seed: int | str = 1, index: int = 0, n_heavy: int 
     set starts by catching up. Two light lanes: ``light-gated`` (cadence the median heavy
     cadence, 5 s, gated on the first heavy lane while it is due or running) and ``light``
     (twice that cadence, 2 s). The set depends on ``seed`` and ``index``, not on ``h``: a
-    sweep scales the same set's cadences. Horizon: ``periods`` times the longest cadence."""
+    sweep scales the same set's cadences. Horizon: ``periods`` times the longest cadence.
+    With ``cadence_range`` (low, high seconds): a spread set, :func:`_spread`."""
+    if cadence_range is not None:
+        return _spread(h, seed, index, n_heavy, cadence_range, horizon_s, tick_s, hold_cap_s,
+                       fail_prob, wake_on_release, pressure)
     if h <= 0:
         raise ValueError(f"H must be > 0, got {h}")
     if n_heavy < 1:
@@ -159,6 +166,7 @@ def random_lanes(h: float, *, seed: int | str = 1, index: int = 0, n_heavy: int 
     return Scenario(
         name=f"random-H{h:g}-{index}", lanes=tuple(lanes), tick_s=tick_s,
         hold_cap_s=hold_cap_s, horizon_s=horizon, wake_on_release=wake_on_release,
+        pressure=pressure,
         description=f"{n_heavy} heavy lanes of {run_s:g} s runs at H = {h:g}, 2 light lanes",
         params={"H": h, "index": index, "n_heavy": n_heavy, "run_s": run_s,
                 "H_check": sum(run_s / c for c in cadences),
@@ -166,6 +174,21 @@ def random_lanes(h: float, *, seed: int | str = 1, index: int = 0, n_heavy: int 
                 # on time holds the lease run/(cadence + run) of the time.
                 "H_effective": sum(run_s / (c + run_s) for c in cadences)},
     )
+
+
+def _spread(h: float, seed: int | str, index: int, n_heavy: int,
+            cadence_range: tuple[float, float], horizon_s: float | None, tick_s: float,
+            hold_cap_s: float, fail_prob: float, wake_on_release: bool,
+            pressure: PressureRule | None) -> Scenario:
+    """A spread random set: cadences log-uniform over ``cadence_range`` and run lengths that
+    differ between lanes, work arriving each period in items (the ``mixed`` scenario's sets,
+    :func:`schedproj.sim.mixed.mixed_lanes`; ``run_s`` does not apply)."""
+    from schedproj.sim.mixed import mixed_lanes
+
+    return mixed_lanes(h, seed=seed, index=index, n_heavy=n_heavy, cadence_range=cadence_range,
+                       horizon_s=horizon_s, tick_s=tick_s, hold_cap_s=hold_cap_s,
+                       fail_prob=fail_prob, wake_on_release=wake_on_release,
+                       pressure=pressure)
 
 
 __all__ = ["DEFAULT_HS", "FORENSIC_WORK", "forensic", "forensic_history", "random_lanes",

@@ -9,14 +9,22 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, TypeVar
 
-from schedproj import defaults
-from schedproj.errors import LaneDeclarationError
-from schedproj.lanes import (
+from schedproj.core import defaults, pressure
+from schedproj.core.errors import LaneDeclarationError
+from schedproj.core.families import (
+    FamilyError,
+    LaneFamily,
+    check_key,
+    jitter_unit,
+    member_spec,
+    split_member,
+)
+from schedproj.core.lanes import (
     DeferralReason,
     DeploymentClass,
     Gate,
@@ -24,22 +32,27 @@ from schedproj.lanes import (
     Lane,
     LaneKind,
     LaneSpec,
+    Profile,
 )
-from schedproj.settings import Profile
 from schedproj.sim.model import Arrival, Blocked, LaneModel, Scenario, SimError
 
 #: Format version this reader understands (the ``version`` field; optional, default 1).
 TRACE_VERSION = 1
 
 TOP_FIELDS = {"version", "name", "description", "tick_s", "hold_cap_s", "horizon_s", "profile",
-              "wake_on_release", "lanes", "arrivals"}
+              "wake_on_release", "lanes", "arrivals", "pressure"}
 LANE_FIELDS = {"name", "kind", "cadence_s", "run_s", "item_s", "batch", "backlog",
                "blocked_backlog", "skip_s", "feeds", "priority0", "order", "backlog_driven",
                "deployment", "gates", "retry_after_failure_s", "retry_window_s",
-               "last_run_ago_s", "jitter", "fail_prob"}
+               "last_run_ago_s", "jitter", "fail_prob", "family"}
+#: A lane with ``family`` is a lane family: one entry, many members (``members``: a count or
+#: a list of keys), due at a ratio jittered per key (``jitter``), last runs spread evenly
+#: over one cadence by key (``stagger``) or all ``last_run_ago_s`` ago.
+FAMILY_FIELDS = {"members", "jitter", "stagger"}
 GATE_FIELDS = {"blocker", "when", "reason", "max_defer_s", "in_legacy"}
 BLOCKED_FIELDS = {"count", "producer", "per_item"}
 ARRIVAL_FIELDS = {"at_s", "lane", "items"}
+PRESSURE_FIELDS = {"target_ratio", "min_hold_s"}
 
 
 class TraceError(SimError):
@@ -191,6 +204,7 @@ def parse_trace(text: str, source: str = "<trace>") -> Scenario:
             profile=r.choice(top, "profile", "(top level)", Profile,
                              [p.value for p in Profile], Profile.LOCAL.value),
             wake_on_release=r.boolean(top, "wake_on_release", "(top level)", True),
+            pressure=_pressure(r, top.get("pressure")),
             params={"source": source},
         )
     except TraceError:
@@ -223,8 +237,13 @@ def _lane(r: _Reader, raw: Any, where: str) -> tuple[LaneModel, Lane]:
         blocked = Blocked(count=r.integer(b, "count", bw, 0),
                           producer=r.string(b, "producer", bw),
                           per_item=r.integer(b, "per_item", bw, 1, minimum=1))
-    lane = Lane(
-        name=name, kind=kind, cadence_s=r.number(d, "cadence_s", where, positive=True),
+    family = _family(r, d.get("family"), f"{where}.family") if "family" in d else None
+    lane_type = LaneFamily if family is not None else Lane
+    extra: dict[str, Any] = ({"jitter": family.jitter, "members": _FamilyMembers(family)}
+                             if family is not None else {})
+    lane = lane_type(
+        **extra, name=name, kind=kind,
+        cadence_s=r.number(d, "cadence_s", where, positive=True),
         priority0=r.boolean(d, "priority0", where, False),
         deployment=r.choice(d, "deployment", where, DeploymentClass,
                             [c.value for c in DeploymentClass], DeploymentClass.SHARED.value),
@@ -243,6 +262,59 @@ def _lane(r: _Reader, raw: Any, where: str) -> tuple[LaneModel, Lane]:
         fail_prob=r.number(d, "fail_prob", where, 0.0, below=1.0),
         last_run_ago_s=r.optional_number(d, "last_run_ago_s", where),
     ), lane
+
+
+@dataclass(frozen=True)
+class FamilyTrace:
+    """A trace lane's ``family`` field, as read."""
+
+    keys: tuple[str, ...]
+    jitter: float
+    stagger: bool
+
+
+class _FamilyMembers:
+    """Carries a family's trace fields through the lane declaration (as its members hook)."""
+
+    def __init__(self, family: FamilyTrace) -> None:
+        self.family = family
+
+    def __call__(self) -> tuple[str, ...]:
+        return self.family.keys
+
+
+def _family(r: _Reader, raw: Any, where: str) -> FamilyTrace:
+    f = r.obj(raw, where, FAMILY_FIELDS, ("members",))
+    members = f["members"]
+    if isinstance(members, int) and not isinstance(members, bool) and members > 0:
+        keys = tuple(f"m{i:06d}" for i in range(members))
+    elif isinstance(members, list) and members:
+        keys = tuple(members)
+    else:
+        raise r.fail(f"{where}.members", f"must be a positive count or a list of keys, got "
+                     f"{members!r}", "write \"members\": 1000 or [\"repo-a\", \"repo-b\"]")
+    for i, key in enumerate(keys):
+        try:
+            check_key("trace", key)
+        except FamilyError as exc:
+            raise r.fail(f"{where}.members[{i}]", exc.problem, exc.fix) from None
+    if len(set(keys)) != len(keys):
+        raise r.fail(f"{where}.members", "a key is listed twice", "list each key once")
+    return FamilyTrace(keys=keys, jitter=r.number(f, "jitter", where, 0.0, below=0.51),
+                       stagger=r.boolean(f, "stagger", where, False))
+
+
+def expand_family(model: LaneModel, template: LaneSpec, family: FamilyTrace) -> list[LaneModel]:
+    """One model per member: the family's spec named for the key, its own due ratio, and its
+    last run spread over one cadence by key (``stagger``) or the family's."""
+    out = []
+    for key in family.keys:
+        spec = member_spec(template, family.jitter, key)
+        ago = model.last_run_ago_s
+        if family.stagger:
+            ago = max(1.0, jitter_unit(template.name, key) * template.cadence_s)
+        out.append(replace(model, spec=spec, last_run_ago_s=ago))
+    return out
 
 
 def _placeholder_spec(lane: Lane, name: str) -> LaneSpec:
@@ -264,6 +336,18 @@ def _gate(r: _Reader, raw: Any, where: str) -> Gate:
     )
 
 
+def _pressure(r: _Reader, raw: Any) -> pressure.PressureRule | None:
+    """``"pressure": {"target_ratio": 1.5, "min_hold_s": 10}`` turns pressure-aware yielding on
+    (absent or null: off)."""
+    if raw is None:
+        return None
+    d = r.obj(raw, "pressure", PRESSURE_FIELDS)
+    return pressure.PressureRule(
+        target_ratio=r.number(d, "target_ratio", "pressure", pressure.DEFAULT_TARGET_RATIO,
+                              positive=True),
+        min_hold_s=r.number(d, "min_hold_s", "pressure", pressure.DEFAULT_MIN_HOLD_S))
+
+
 def _arrival(r: _Reader, raw: Any, where: str) -> Arrival:
     a = r.obj(raw, where, ARRIVAL_FIELDS, ("at_s", "lane", "items"))
     return Arrival(at_s=r.number(a, "at_s", where), lane=r.string(a, "lane", where),
@@ -275,7 +359,7 @@ def _check_declarations(r: _Reader, parsed: list[tuple[LaneModel, Lane]],
     """Validate the declarations with the project's own registry code (cadence, gates naming
     unknown lanes or forming a cycle, priority-0 on a light lane, retry settings) and put the
     specs it builds into the models."""
-    from schedproj.registry import build_lane_set
+    from schedproj.core.laneset import build_lane_set
 
     tasks = {f"trace.{model.name}": SimpleNamespace(lane=lane) for model, lane in parsed}
     try:
@@ -284,14 +368,28 @@ def _check_declarations(r: _Reader, parsed: list[tuple[LaneModel, Lane]],
         raise r.fail(where_of.get(exc.lane, f"lane {exc.lane!r}"), exc.problem,
                      exc.fix) from None
     specs = {s.name: s for s in lane_set.specs}
-    return [replace(model, spec=specs[model.name]) for model, _ in parsed]
+    out: list[LaneModel] = []
+    for model, lane in parsed:
+        if isinstance(lane, LaneFamily) and isinstance(lane.members, _FamilyMembers):
+            out += expand_family(model, lane_set.families[model.name], lane.members.family)
+        else:
+            out.append(replace(model, spec=specs[model.name]))
+    return out
 
 
 def scenario_to_trace(s: Scenario) -> dict[str, Any]:
     """The trace-file form of a scenario (``load_trace`` reads it back to the same one)."""
     lanes = []
+    folded: dict[str, dict[str, Any]] = {}
     for m in s.lanes:
         spec = m.spec
+        parts = split_member(spec.name) if spec.family is not None else None
+        if parts is not None:
+            if parts[0] in folded:
+                folded[parts[0]]["family"]["members"].append(parts[1])
+                continue
+            m = replace(m, spec=replace(spec, name=parts[0]))
+            spec = m.spec
         lane: dict[str, Any] = {
             "name": spec.name, "kind": spec.kind.value, "cadence_s": spec.cadence_s,
             "run_s": m.run_s, "order": spec.order,
@@ -319,12 +417,21 @@ def scenario_to_trace(s: Scenario) -> dict[str, Any]:
                  **({"in_legacy": True} if g.in_legacy else {})}
                 for g in spec.gates]
         lane.update({k: v for k, v in optional.items() if v is not None})
+        if parts is not None:
+            # Each member's own due ratio gives back the family's jitter: 1 + j * (2u - 1).
+            u = jitter_unit(parts[0], parts[1])
+            jitter = 0.0 if u == 0.5 else round((m.spec.due_ratio - 1.0) / (2 * u - 1), 6)
+            lane["family"] = {"members": [parts[1]], "jitter": jitter}
+            folded[parts[0]] = lane
         lanes.append(lane)
     out: dict[str, Any] = {
         "version": TRACE_VERSION, "name": s.name, "description": s.description,
         "tick_s": s.tick_s, "hold_cap_s": s.hold_cap_s, "horizon_s": s.horizon_s,
         "profile": s.profile.value, "wake_on_release": s.wake_on_release, "lanes": lanes,
     }
+    if s.pressure is not None:
+        out["pressure"] = {"target_ratio": s.pressure.target_ratio,
+                           "min_hold_s": s.pressure.min_hold_s}
     if s.arrivals:
         out["arrivals"] = [{"at_s": a.at_s, "lane": a.lane, "items": a.items}
                            for a in s.arrivals]

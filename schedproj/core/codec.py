@@ -1,0 +1,58 @@
+"""The one versioned JSON codec for every value schedproj stores (lane records, the lease, the
+published lane set, the watchdog latch, the REM store's records). Pure.
+
+A stored value is a JSON object carrying its format version under ``"v"``; anything else — not
+JSON, not an object, another version, a non-finite number (``NaN``, ``Infinity``, or a literal
+too large for a float, which Python's ``json`` would accept) — is a :class:`StateError` naming
+the key, so garbage is reported and left alone instead of crashing or spinning a loop.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from schedproj.core.errors import StateError
+
+#: The key under which every stored object carries its format version.
+VERSION_FIELD = "v"
+
+
+def dumps(payload: Mapping[str, Any], version: int, *, sort_keys: bool = False) -> str:
+    """Serialize ``payload`` as compact JSON with its format version first."""
+    return json.dumps({VERSION_FIELD: version, **payload}, separators=(",", ":"),
+                      sort_keys=sort_keys)
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"non-finite number {name} is not allowed")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text} is out of range (not finite)")
+    return value
+
+
+def loads(raw: str | bytes, key: str, version: int) -> dict[str, Any]:
+    """Parse a stored object of format ``version``; the version field is removed.
+
+    Raises :class:`StateError` naming ``key`` when the value is not JSON (non-finite numbers
+    included), not an object, or of another version.
+    """
+    try:
+        data = json.loads(raw, parse_constant=_reject_constant, parse_float=_finite_float)
+    except (TypeError, ValueError, UnicodeDecodeError) as exc:
+        raise StateError(key, f"not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise StateError(key, f"expected a JSON object, found {type(data).__name__}")
+    found = data.pop(VERSION_FIELD, None)
+    if found != version:
+        raise StateError(key, f"format version {found!r}, this schedproj reads version {version}")
+    return data
+
+
+__all__ = ["VERSION_FIELD", "dumps", "loads"]

@@ -1,0 +1,160 @@
+"""Stall observability, computed from durable state (ADR 0022 AC-3). Pure: state and ``now`` in.
+
+"Is the chain draining to idle?" is answered from what Redis holds — lane records, deferral
+streaks, the lease — never from a process's memory, so the answer survives restarts and is
+the same from any machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+from schedproj.core.lanes import LaneSpec, Profile, enabled_under, queue_for
+from schedproj.core.records import LaneState, LeaseView
+from schedproj.core.views import view_lane
+
+
+class Posture(StrEnum):
+    """The starvation watchdog's verdict."""
+
+    #: Nothing has waited past the threshold and the lease is within its hold cap.
+    HEALTHY = "healthy"
+    #: A lane (heavy or light, deferred behind the lease, a gate or the pick) has waited
+    #: undispatched past the threshold, or the lease is held past the hold cap.
+    DEGRADED = "degraded"
+    #: State could not be read (or no lanes): no verdict.
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class LeaseGauge:
+    holder: str
+    fence: int
+    granted_at: float
+    started_at: float | None
+    held_s: float
+
+
+@dataclass(frozen=True)
+class LaneHealth:
+    name: str
+    kind: str
+    queue: str
+    deployment: str
+    enabled: bool
+    paused: bool
+    cadence_s: float
+    last_run_at: float | None
+    ratio: float
+    due: bool
+    in_flight: bool
+    backlog: int
+    last_outcome: str | None
+    last_reason: str | None
+    runs: int
+    failures: int
+    dispatches: int
+    deferral_reason: str | None
+    deferral_blocker: str | None
+    deferred_for_s: float | None
+
+
+@dataclass(frozen=True)
+class Health:
+    now: float
+    lease: LeaseGauge | None
+    chain_depth: int
+    chain: tuple[str, ...]
+    lanes: tuple[LaneHealth, ...]
+    starving: tuple[str, ...]
+    lease_over_cap: bool
+    unreadable: tuple[str, ...]
+
+    @property
+    def posture(self) -> Posture:
+        if self.unreadable or not self.lanes:
+            return Posture.UNKNOWN
+        if self.starving or self.lease_over_cap:
+            return Posture.DEGRADED
+        return Posture.HEALTHY
+
+    @property
+    def stalled(self) -> bool:
+        return self.posture is Posture.DEGRADED
+
+
+def deferral_chain(blockers: Mapping[str, str | None]) -> tuple[str, ...]:
+    """The longest chain of lanes deferred behind one another, deferred lane first.
+
+    ``golden-path <- dream <- summary <- backfill`` is ``(golden-path, dream, summary,
+    backfill)``: depth 3 (the number of links). Cycles cannot occur in valid declarations but
+    are cut rather than followed forever.
+    """
+    best: tuple[str, ...] = ()
+    for start in sorted(blockers):
+        chain = [start]
+        seen = {start}
+        nxt = blockers.get(start)
+        while nxt is not None and nxt not in seen:
+            chain.append(nxt)
+            seen.add(nxt)
+            nxt = blockers.get(nxt)
+        if len(chain) > len(best):
+            best = tuple(chain)
+    return best
+
+
+def assess(
+    specs: Collection[LaneSpec],
+    states: Mapping[str, LaneState],
+    lease: LeaseView | None,
+    now: float,
+    profile: Profile,
+    *,
+    starvation_threshold_s: float,
+    hold_cap_s: float,
+    unreadable: Collection[str] = (),
+) -> Health:
+    """Every gauge the status table, the metrics and the watchdog report."""
+    lanes = tuple(_lane_health(s, states.get(s.name, LaneState()), lease, now, profile)
+                  for s in sorted(specs, key=lambda s: s.sort_key))
+    blockers = {h.name: h.deferral_blocker for h in lanes if h.deferral_reason is not None}
+    chain = deferral_chain(blockers)
+    # Any lane kept waiting, heavy or light, by the lease, the pick or a gate: an unbounded gate
+    # (or one bounded past the threshold) starving its consumer is seen here too.
+    starving = tuple(h.name for h in lanes
+                     if h.enabled and not h.paused
+                     and h.deferred_for_s is not None
+                     and h.deferred_for_s >= starvation_threshold_s)
+    gauge = None
+    over_cap = False
+    if lease is not None:
+        since = lease.started_at if lease.started_at is not None else lease.granted_at
+        gauge = LeaseGauge(holder=lease.lane, fence=lease.fence, granted_at=lease.granted_at,
+                           started_at=lease.started_at, held_s=max(0.0, now - since))
+        over_cap = lease.started_at is not None and gauge.held_s > hold_cap_s
+    return Health(now=now, lease=gauge, chain_depth=max(0, len(chain) - 1), chain=chain,
+                  lanes=lanes, starving=starving, lease_over_cap=over_cap,
+                  unreadable=tuple(sorted(unreadable)))
+
+
+def _lane_health(spec: LaneSpec, state: LaneState, lease: LeaseView | None, now: float,
+                 profile: Profile) -> LaneHealth:
+    view = view_lane(spec, state, lease, now)
+    run, sched = state.run, state.sched
+    deferral = sched.deferral
+    return LaneHealth(
+        name=spec.name, kind=spec.kind.value, queue=queue_for(spec.kind),
+        deployment=spec.deployment.value, enabled=enabled_under(profile, spec.deployment),
+        paused=sched.paused, cadence_s=spec.cadence_s, last_run_at=run.last_run_at,
+        ratio=view.ratio, due=view.due,
+        in_flight=view.in_flight, backlog=view.backlog,
+        last_outcome=run.last_outcome.value if run.last_outcome else None,
+        last_reason=run.last_reason, runs=run.runs, failures=run.failures,
+        dispatches=sched.dispatches,
+        deferral_reason=deferral.reason.value if deferral else None,
+        deferral_blocker=deferral.blocker if deferral else None,
+        deferred_for_s=max(0.0, now - deferral.since) if deferral else None,
+    )

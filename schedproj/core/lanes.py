@@ -1,0 +1,276 @@
+"""How a lane is declared: the options a Celery task carries to become a lane.
+
+A lane is an ordinary Celery task with a ``lane=Lane(...)`` option::
+
+    @app.task(base=LaneTask, lane=Lane(cadence_s=600, kind=LaneKind.HEAVY, order=20))
+    def summary(): ...
+
+The scheduler finds lanes in the app's task registry (see :mod:`schedproj.core.laneset`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from schedproj.core import defaults
+from schedproj.core.errors import LaneDeclarationError
+
+
+class LaneKind(StrEnum):
+    """Which contention class a lane belongs to (ADR 0022 section 2.3)."""
+
+    #: Takes the one fleet-wide heavy lease; runs on queue ``heavy``, one at a time.
+    HEAVY = "heavy"
+    #: Needs no lease; dispatched to queue ``light`` in the same tick as the heavy winner.
+    LIGHT = "light"
+
+
+class DeploymentClass(StrEnum):
+    """ADR-0014 deployment axis: where a lane may run."""
+
+    #: May run in a cloud deployment.
+    CLOUD_DEPLOYABLE = "cloud-deployable"
+    #: Only on a local host; disabled under the ``cloud`` profile.
+    LOCAL_ONLY = "local-only"
+    #: A primitive every deployment runs.
+    SHARED = "shared"
+
+
+class Profile(StrEnum):
+    """Deployment profile (ADR-0014): which lane deployment classes may run here."""
+
+    #: A developer or on-premises host: every lane may run.
+    LOCAL = "local"
+    #: A cloud deployment: lanes declared local-only are disabled.
+    CLOUD = "cloud"
+
+
+class GateCondition(StrEnum):
+    """When a soft gate defers its lane."""
+
+    #: Defer while the blocker is due and still has backlog (or has never run).
+    DUE_AND_BEHIND = "due-and-behind"
+    #: Defer while the blocker is due or running.
+    DUE_OR_RUNNING = "due-or-running"
+
+
+class DeferralReason(StrEnum):
+    """Why a due lane was not dispatched this tick. Stored in Redis and shown to operators."""
+
+    #: A heavy lane was due while another heavy lane held the lease.
+    LEASE_HELD = "heavy-maintenance-lease-held"
+    #: A heavy lane was due but another heavy lane won the pick this tick.
+    BACKPRESSURE = "heavy-maintenance-backpressure"
+    #: golden-path waits for dream (the original's reason code).
+    GOLDEN_PATH_DEPENDENCY = "golden-path-dependency-backpressure"
+    #: A soft gate on a producer lane deferred its consumer.
+    DEPENDENCY = "dependency-backpressure"
+    #: Redis lost state (restart, failover): nothing is dispatched until every earlier heavy
+    #: holder and light run has had time to re-assert itself.
+    STATE_LOSS_QUARANTINE = "state-loss-quarantine"
+
+
+@dataclass(frozen=True)
+class Gate:
+    """A soft, deferral-only edge: defer this lane while ``blocker`` meets ``when``.
+
+    ``max_defer_s`` bounds how long one streak may defer: past it the gate lets the lane go (and
+    the decision says so), so a blocker that never drains cannot deadlock the chain.
+    ``in_legacy`` says whether the legacy registry pipeline (``Policy.REGISTRY``, kept only to
+    show the starvation ADR 0022 fixed) applied this gate too; gates ADR 0022 introduced
+    leave it False.
+    """
+
+    blocker: str
+    when: GateCondition = GateCondition.DUE_AND_BEHIND
+    reason: DeferralReason = DeferralReason.DEPENDENCY
+    max_defer_s: float | None = None
+    in_legacy: bool = False
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "when", GateCondition(self.when))
+            object.__setattr__(self, "reason", DeferralReason(self.reason))
+        except ValueError as exc:
+            raise LaneDeclarationError(
+                f"gate on {self.blocker!r}", str(exc),
+                f"use when= one of {[c.value for c in GateCondition]} and reason= one of "
+                f"{[r.value for r in DeferralReason]}",
+            ) from None
+
+
+#: A cheap hook the scheduler calls each tick: returns the lane's current backlog (0 = none).
+DueCheck = Callable[[], int]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Lane:
+    """The lane options a Celery task carries. Validated by :meth:`check` with the lane's name.
+
+    ``cadence_s`` is how often the lane should run; its staleness ratio is
+    ``(now - last_run_at) / cadence_s``. A ``backlog_driven`` lane is due only while it has
+    backlog (reported by its last run or by ``due_check``) but is ranked with its cadence.
+    """
+
+    cadence_s: float | None = None
+    kind: LaneKind = LaneKind.HEAVY
+    priority0: bool = False
+    deployment: DeploymentClass = DeploymentClass.SHARED
+    gates: tuple[Gate, ...] = ()
+    order: int | None = None
+    backlog_driven: bool = False
+    due_check: DueCheck | None = field(default=None, compare=False)
+    retry_after_failure_s: float | None = None
+    retry_window_s: float | None = None
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        # Accept plain strings and lists from users; store the validated, hashable forms.
+        try:
+            object.__setattr__(self, "kind", LaneKind(self.kind))
+            object.__setattr__(self, "deployment", DeploymentClass(self.deployment))
+        except ValueError as exc:
+            raise LaneDeclarationError(
+                self.name or "<unnamed>", str(exc),
+                f"use one of {[k.value for k in LaneKind]} for kind and "
+                f"{[d.value for d in DeploymentClass]} for deployment",
+            ) from None
+        gates: Any = self.gates
+        if gates is None:
+            gates = ()
+        if not isinstance(gates, list | tuple):
+            raise LaneDeclarationError(
+                self.name or "<unnamed>", f"gates must be a tuple of Gate, got {gates!r}",
+                "pass gates=(Gate('blocker-lane'),) or leave it out",
+            )
+        object.__setattr__(self, "gates", tuple(gates))
+
+    def check(self, lane: str) -> None:
+        """Reject declarations that cannot be scheduled, naming the lane and the fix."""
+        self._check_cadence(lane)
+        self._check_options(lane)
+        for gate in self.gates:
+            self._check_gate(lane, gate)
+
+    def _check_cadence(self, lane: str) -> None:
+        cadence: Any = self.cadence_s
+        if cadence is None:
+            raise LaneDeclarationError(
+                lane, "cadence_s is missing",
+                "pass cadence_s=<seconds>, e.g. cadence_s=600 for ten minutes",
+            )
+        if isinstance(cadence, bool) or not isinstance(cadence, int | float):
+            raise LaneDeclarationError(
+                lane, f"cadence_s must be a number of seconds, got {cadence!r}",
+                "pass cadence_s=<seconds>, e.g. cadence_s=600 for ten minutes",
+            )
+        if not math.isfinite(cadence) or cadence <= 0:
+            raise LaneDeclarationError(
+                lane, f"cadence_s must be a positive finite number, got {cadence!r}",
+                "pass cadence_s=<seconds> greater than 0",
+            )
+
+    def _check_retry(self, lane: str) -> None:
+        after, window = self.retry_after_failure_s, self.retry_window_s
+        if after is None and window is None:
+            return
+        numbers = all(isinstance(v, int | float) and not isinstance(v, bool)
+                      and math.isfinite(v) for v in (after, window))
+        if not numbers or not (0 < after <= window):  # type: ignore[operator]
+            raise LaneDeclarationError(
+                lane, f"retry_after_failure_s={after!r} and retry_window_s={window!r} do not "
+                "fit together", "set both, with 0 < retry_after_failure_s <= retry_window_s "
+                "(e.g. 900 and 3600: retry 15 min after a failure, for up to an hour)",
+            )
+
+    def _check_options(self, lane: str) -> None:
+        for flag in ("priority0", "backlog_driven"):
+            if not isinstance(getattr(self, flag), bool):
+                raise LaneDeclarationError(
+                    lane, f"{flag} must be True or False, got {getattr(self, flag)!r}",
+                    f"pass {flag}=True or leave it out",
+                )
+        self._check_retry(lane)
+        if self.priority0 and self.kind is LaneKind.LIGHT:
+            raise LaneDeclarationError(
+                lane, "priority0 is set on a light lane",
+                "priority-0 only ranks heavy lanes; drop priority0 or make the lane heavy",
+            )
+        if self.order is not None and (isinstance(self.order, bool)
+                                       or not isinstance(self.order, int)):
+            raise LaneDeclarationError(
+                lane, f"order must be an integer, got {self.order!r}", "pass order=<int>"
+            )
+        if self.due_check is not None and not callable(self.due_check):
+            raise LaneDeclarationError(
+                lane, "due_check is not callable", "pass a function returning the backlog"
+            )
+
+    @staticmethod
+    def _check_gate(lane: str, gate: Any) -> None:
+        if not isinstance(gate, Gate):
+            raise LaneDeclarationError(
+                lane, f"gate {gate!r} is not a schedproj.Gate", "use Gate(blocker=...)"
+            )
+        if gate.blocker == lane:
+            raise LaneDeclarationError(
+                lane, "a gate names the lane itself", "remove the self-referencing gate"
+            )
+        if gate.max_defer_s is not None and not gate.max_defer_s > 0:
+            raise LaneDeclarationError(
+                lane, f"gate on {gate.blocker!r} has max_defer_s={gate.max_defer_s!r}",
+                "pass a positive number of seconds or None",
+            )
+
+
+@dataclass(frozen=True)
+class LaneSpec:
+    """A validated lane as the pure core sees it: no callables, no Celery."""
+
+    name: str
+    task_name: str
+    kind: LaneKind
+    cadence_s: float
+    priority0: bool = False
+    deployment: DeploymentClass = DeploymentClass.SHARED
+    gates: tuple[Gate, ...] = ()
+    order: int = 1000
+    backlog_driven: bool = False
+    retry_after_failure_s: float | None = None
+    retry_window_s: float | None = None
+    #: The lane family this lane is a member of (None: a lane of its own).
+    family: str | None = None
+    #: Due once the staleness ratio reaches this (1.0; a family member's jitter moves it
+    #: within ``1 ± jitter``, so members' due times spread while they rank by true staleness).
+    due_ratio: float = 1.0
+
+    @property
+    def heavy(self) -> bool:
+        return self.kind is LaneKind.HEAVY
+
+    @property
+    def sort_key(self) -> tuple[int, str]:
+        """Declared order, then name: never import order."""
+        return (self.order, self.name)
+
+
+def enabled_under(profile: Profile, deployment: DeploymentClass) -> bool:
+    """ADR-0014: the cloud profile never runs local-only lanes."""
+    return not (profile is Profile.CLOUD and deployment is DeploymentClass.LOCAL_ONLY)
+
+
+def queue_for(kind: LaneKind) -> str:
+    """The queue a lane of ``kind`` is sent to: heavy lanes never share the light queue."""
+    return defaults.HEAVY_QUEUE if kind is LaneKind.HEAVY else defaults.LIGHT_QUEUE
+
+
+def fixed_unit(name: str) -> float:
+    """A fixed number in [0, 1) from a lane's name: the same on every host and run (spreads
+    family members' due times, and lanes' rebuilt last runs after Redis lost state)."""
+    digest = hashlib.blake2b(name.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2.0**64

@@ -1,0 +1,246 @@
+"""Find lanes in a Celery app's task registry and validate them as a whole.
+
+There is no second list of lanes: a task with a ``lane=Lane(...)`` option is a lane.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from schedproj.core import codec, defaults
+from schedproj.core.errors import LaneDeclarationError, SchedprojError, StateError
+from schedproj.core.families import LaneFamily, check_key, member_spec, split_member
+from schedproj.core.lanes import DeploymentClass, Gate, Lane, LaneKind, LaneSpec, queue_for
+
+
+@dataclass(frozen=True)
+class LaneSet:
+    """The validated lanes of one app, in declared order, with their tasks' lane options.
+    ``families`` are the lane families (their spec is each member's, named for the family);
+    a member lane ``family[key]`` resolves through :meth:`spec` and :meth:`option`."""
+
+    specs: tuple[LaneSpec, ...]
+    options: Mapping[str, Lane]
+    families: Mapping[str, LaneSpec] = field(default_factory=dict)
+
+    def spec(self, name: str) -> LaneSpec:
+        found = self._by_name.get(name)
+        if found is not None:
+            return found
+        member = self.member_spec(name)
+        if member is None:
+            raise KeyError(name)
+        return member
+
+    def member_spec(self, name: str) -> LaneSpec | None:
+        """The spec of a member of a declared family (None if ``name`` is not one)."""
+        parts = split_member(name)
+        if parts is None or parts[0] not in self.families:
+            return None
+        family, key = parts
+        try:
+            check_key(family, key)
+        except SchedprojError:
+            return None
+        option = self.options[family]
+        jitter = option.jitter if isinstance(option, LaneFamily) else 0.0
+        return member_spec(self.families[family], jitter, key)
+
+    def knows(self, name: str) -> bool:
+        return name in self._by_name or self.member_spec(name) is not None
+
+    def option(self, name: str) -> Lane:
+        """The lane options of a lane, or of a member's family."""
+        parts = split_member(name)
+        if name not in self.options and parts is not None:
+            return self.options[parts[0]]
+        return self.options[name]
+
+    @property
+    def _by_name(self) -> dict[str, LaneSpec]:
+        index = self.__dict__.get("_index")
+        if index is None:  # frozen dataclass: cache the index by hand, once
+            index = {s.name: s for s in self.specs}
+            object.__setattr__(self, "_index", index)
+        return index
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.specs)
+
+
+def lane_tasks(tasks: Mapping[str, Any]) -> list[tuple[str, Any, Lane]]:
+    """(task name, task, lane options) for every task that declares a lane."""
+    found = []
+    for task_name, task in tasks.items():
+        lane = getattr(task, "lane", None)
+        if lane is None:
+            continue
+        if not isinstance(lane, Lane):
+            raise LaneDeclarationError(
+                task_name, f"the task's lane option is {type(lane).__name__}, not a Lane",
+                "declare it as lane=schedproj.Lane(cadence_s=..., ...)",
+            )
+        found.append((task_name, task, lane))
+    return found
+
+
+def build_lane_set(tasks: Mapping[str, Any], routed_queue: Any = None,
+                   cadence_scale: float = 1.0) -> LaneSet:
+    """Validate every lane and the relations between them.
+
+    ``routed_queue(task_name) -> str | None`` tells which queue the app's routing would send a
+    task to, so a heavy lane routed elsewhere is caught at start. ``cadence_scale`` multiplies
+    every duration a lane declares (cadence, retry delays, gate bounds): demos and tests run
+    real lane sets in seconds instead of hours.
+    """
+    specs: list[LaneSpec] = []
+    families: dict[str, LaneSpec] = {}
+    options: dict[str, Lane] = {}
+    owners: dict[str, str] = {}
+    for task_name, task, lane in sorted(lane_tasks(tasks), key=lambda t: t[0]):
+        name = lane.name or task_name
+        lane.check(name)
+        if name in owners:
+            raise LaneDeclarationError(
+                name, f"declared twice, by tasks {owners[name]!r} and {task_name!r}",
+                "give each lane a unique name (Lane(name=...) or the task name)",
+            )
+        _check_name(name)
+        owners[name] = task_name
+        _check_queue(name, task_name, lane, task, routed_queue)
+        options[name] = lane
+        spec = _spec(name, task_name, lane, cadence_scale)
+        if isinstance(lane, LaneFamily):
+            families[name] = replace(spec, family=name)
+        else:
+            specs.append(spec)
+    _check_gates(specs, families)
+    return LaneSet(specs=tuple(sorted(specs, key=lambda s: s.sort_key)), options=options,
+                   families=families)
+
+
+def _check_name(name: str) -> None:
+    if "[" in name or "]" in name or "|" in name:
+        raise LaneDeclarationError(
+            name, "the name holds '[', ']' or '|', which schedproj uses to name family "
+            "members and state fields", "rename the lane (Lane(name=...)) without them")
+
+
+def _scaled(value: float | None, scale: float) -> float | None:
+    return None if value is None else float(value) * scale
+
+
+def _spec(name: str, task_name: str, lane: Lane, scale: float) -> LaneSpec:
+    gates = tuple(replace(g, max_defer_s=_scaled(g.max_defer_s, scale)) for g in lane.gates)
+    return LaneSpec(
+        name=name, task_name=task_name, kind=lane.kind,
+        cadence_s=float(lane.cadence_s or 0) * scale,
+        priority0=lane.priority0, deployment=lane.deployment, gates=gates,
+        order=defaults.DEFAULT_LANE_ORDER if lane.order is None else lane.order,
+        backlog_driven=lane.backlog_driven,
+        retry_after_failure_s=_scaled(lane.retry_after_failure_s, scale),
+        retry_window_s=_scaled(lane.retry_window_s, scale),
+    )
+
+
+def _check_queue(name: str, task_name: str, lane: Lane, task: Any, routed_queue: Any) -> None:
+    expected = queue_for(lane.kind)
+    declared = getattr(task, "queue", None)
+    routed = routed_queue(task_name) if routed_queue is not None else None
+    for where, queue in (("its queue option", declared), ("the app's task_routes", routed)):
+        if queue is not None and queue != expected:
+            raise LaneDeclarationError(
+                name, f"is a {lane.kind.value} lane but {where} sends it to queue {queue!r}",
+                f"remove the queue setting; schedproj routes {lane.kind.value} lanes to "
+                f"{expected!r}",
+            )
+
+
+def _check_gates(specs: Iterable[LaneSpec], families: Mapping[str, LaneSpec]) -> None:
+    """Every gate names a declared lane, a family (blocked while any member is due and
+    behind) or a member of one; the gates form no cycle (a family counts as one lane)."""
+    by_name = {s.name: s for s in specs}
+    by_name.update(families)
+    for spec in by_name.values():
+        for gate in spec.gates:
+            parts = split_member(gate.blocker)
+            if gate.blocker not in by_name and (parts is None or parts[0] not in families):
+                known = ", ".join(sorted(by_name)) or "none"
+                raise LaneDeclarationError(
+                    spec.name, f"a gate names unknown lane {gate.blocker!r}",
+                    f"name one of the declared lanes ({known})",
+                )
+    cycle = _find_cycle({n: [_owner(g.blocker, families) for g in s.gates]
+                         for n, s in by_name.items()})
+    if cycle:
+        raise LaneDeclarationError(
+            cycle[0], "its gates form a cycle " + " -> ".join(cycle),
+            "remove one gate of the cycle; lanes waiting on each other would defer forever",
+        )
+
+
+def _owner(blocker: str, families: Mapping[str, LaneSpec]) -> str:
+    parts = split_member(blocker)
+    return parts[0] if parts is not None and parts[0] in families else blocker
+
+
+def _find_cycle(edges: Mapping[str, list[str]]) -> list[str] | None:
+    """Return one cycle as a path (first node repeated at the end), or None."""
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(edges.get(node, [])):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt):], nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(edges):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+REGISTRY_VERSION = 1
+
+
+def registry_json(lanes: LaneSet, settings: Any) -> str:
+    """The lane set as beat publishes it to Redis (versioned), for tools without the code."""
+    return codec.dumps({
+        "profile": settings.profile.value,
+        "hold_cap_s": settings.hold_cap_s,
+        "starvation_threshold_s": settings.starvation_threshold_s,
+        "lanes": [{**asdict(s), "gates": [asdict(g) for g in s.gates]} for s in lanes.specs],
+        "families": [{**asdict(s), "gates": [asdict(g) for g in s.gates],
+                      "jitter": getattr(lanes.options[s.name], "jitter", 0.0)}
+                     for s in getattr(lanes, "families", {}).values()],
+    }, REGISTRY_VERSION)
+
+
+def specs_from_registry(raw: str, key: str) -> tuple[tuple[LaneSpec, ...], dict[str, Any]]:
+    """Parse what :func:`registry_json` wrote: (lane specs, the settings it carried)."""
+    try:
+        data = codec.loads(raw, key, REGISTRY_VERSION)
+        specs = tuple(
+            LaneSpec(**{**lane, "kind": LaneKind(lane["kind"]),
+                        "deployment": DeploymentClass(lane["deployment"]),
+                        "gates": tuple(Gate(**g) for g in lane["gates"])})
+            for lane in data["lanes"])
+    except StateError:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise StateError(key, f"unreadable lane registry ({exc})") from None
+    return specs, {k: v for k, v in data.items() if k != "lanes"}

@@ -1,0 +1,77 @@
+"""A run's lifecycle as record transitions: what a lane's run record becomes when a run
+starts and when it ends. Pure.
+
+``LaneTask`` writes these records to Redis (the end atomically with the lease release, in
+``run_finish.lua``); the simulator applies the same transitions in virtual time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from schedproj.core.lanes import fixed_unit
+from schedproj.core.records import Outcome, RunRecord
+
+
+def started(before: RunRecord, *, task_id: str, now: float, running_until: float,
+            fence: int = 0) -> RunRecord:
+    """The record once run ``task_id`` started at ``now``; it counts as running until
+    ``running_until`` unless refreshed. A fenced (heavy) run raises the record's fence."""
+    return replace(before, running_task_id=task_id, running_since=now,
+                   running_until=running_until, fence=max(before.fence, fence))
+
+
+def finished(before: RunRecord, *, task_id: str, outcome: Outcome, reason: str | None,
+             backlog: int, now: float, fence: int = 0) -> RunRecord:
+    """The record once run ``task_id`` ended at ``now`` with ``outcome``, leaving ``backlog``.
+
+    A failure starts (or continues) the failing streak that the retry window counts from; any
+    other outcome ends it. A run without a fence of its own (a light lane) keeps the record's,
+    so a lane that was ever fenced can still record its outcomes.
+    """
+    failed = outcome in (Outcome.FAILED, Outcome.LOST)
+    return RunRecord(
+        last_run_at=now, last_outcome=outcome, last_reason=reason,
+        failing_since=(before.failing_since or now) if failed else None,
+        last_task_id=task_id, backlog=backlog, runs=before.runs + 1,
+        failures=before.failures + failed, fence=fence or before.fence,
+    )
+
+
+def lost(before: RunRecord, *, now: float, why: str) -> RunRecord:
+    """The record once the running run it names is known lost at ``now`` (its lease or
+    in-flight mark lapsed with no end recorded). It counts as a failure (so a retry policy
+    applies) and keeps the backlog last reported: the work is still there."""
+    assert before.running_task_id is not None
+    return finished(before, task_id=before.running_task_id, outcome=Outcome.LOST,
+                    reason=f"lost: {why}", backlog=before.backlog, now=now)
+
+
+def is_running(before: RunRecord) -> bool:
+    """Does the record name a run that started and has not ended?"""
+    return (before.running_task_id is not None
+            and before.running_task_id != before.last_task_id)
+
+
+#: The reason a run record put back after Redis lost state carries when nothing was known.
+ESTIMATED_AFTER_LOSS = "estimated: Redis lost this lane's state"
+
+
+def rebuilt(remembered: RunRecord | None, *, lane: str, cadence_s: float,
+            lost_at: float, due_ratio: float = 1.0) -> RunRecord:
+    """The run record to put back for a lane whose record Redis lost at ``lost_at``.
+
+    What the active beat remembered of it (a due lane) is put back as it was, running mark
+    included: a run still alive refreshes it, a dead one is recorded lost. Otherwise the lane
+    was not due when beat last looked, so it last ran less than one due interval (``cadence
+    * due_ratio``) before the loss: its last run is estimated at ``lost_at - u * interval``
+    for the lane's fixed ``u`` in [0, 1). So it falls due within one interval of the loss
+    (lanes spread over it, not all at once) and runs early by less than one interval (it may
+    have run just before the loss), never by more."""
+    if remembered is not None:
+        return remembered
+    return RunRecord(last_run_at=lost_at - fixed_unit(lane) * cadence_s * due_ratio,
+                     last_reason=ESTIMATED_AFTER_LOSS)
+
+
+__all__ = ["ESTIMATED_AFTER_LOSS", "finished", "is_running", "lost", "rebuilt", "started"]

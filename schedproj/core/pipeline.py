@@ -1,0 +1,159 @@
+"""The scheduling pipeline: (lanes, state, lease, now, profile) -> Decision. Pure: no I/O, no clock.
+
+Stages, in order (as in the original orchestrator):
+
+1. drop lanes disabled by the deployment profile, paused, or whose state is unreadable (such
+   a lane is still viewed as a gate's blocker: a paused lane that runs still holds back the
+   lanes gated on it, though it never counts as due);
+2. drop lanes not due or already running / in flight;
+3. defer heavy candidates while the lease is held;
+4. apply soft gates (deferral only, with reason codes; the legacy registry policy applies only
+   the gates the legacy system had);
+5. pick the heavy winner; the other due heavy lanes are deferred behind it;
+6. every surviving light lane is dispatched in the same tick (``also_dispatched``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field, replace
+from operator import attrgetter
+
+from schedproj.core import gates
+from schedproj.core.deferrals import Deferral, continue_streak
+from schedproj.core.lanes import DeferralReason, Gate, LaneKind, LaneSpec, Profile, enabled_under
+from schedproj.core.picker import Policy, pick
+from schedproj.core.records import LaneState, LeaseView, SchedRecord
+from schedproj.core.views import LaneView, effective_last_run, view_all, view_lane
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What one tick decided. ``winner`` keeps the ADR's single-winner shape; the light lanes
+    dispatched in the same tick are ``also_dispatched``."""
+
+    winner: str | None
+    also_dispatched: tuple[str, ...] = ()
+    deferred: tuple[Deferral, ...] = ()
+    expired_gates: tuple[tuple[str, Gate], ...] = ()
+    views: Mapping[str, LaneView] = field(default_factory=dict)
+
+    @property
+    def dispatched(self) -> tuple[str, ...]:
+        return ((self.winner,) if self.winner else ()) + self.also_dispatched
+
+
+_SORT_KEY = attrgetter("order", "name")
+
+
+def eligible(lanes: Collection[LaneSpec], states: Mapping[str, LaneState], profile: Profile,
+             excluded: Collection[str]) -> tuple[LaneSpec, ...]:
+    """Stage 1: lanes the profile enables, not paused, readable — in declared order."""
+    empty = LaneState()
+    return tuple(sorted(
+        (s for s in lanes
+         if enabled_under(profile, s.deployment) and s.name not in excluded
+         and not states.get(s.name, empty).sched.paused),
+        key=_SORT_KEY,  # LaneSpec.sort_key, computed in C: a tick may sort thousands
+    ))
+
+
+def blocker_views(lanes: Collection[LaneSpec], states: Mapping[str, LaneState],
+                  lease: LeaseView | None, now: float, profile: Profile,
+                  views: Mapping[str, LaneView],
+                  unreadable: Collection[str] = (), grace_s: float = 0.0,
+                  ) -> dict[str, LaneView]:
+    """Views of the gate blockers left out of ``views`` (paused, or unreadable this tick) but
+    enabled under ``profile``: never due (they will not be dispatched), yet running while
+    they run — a heavy one while it holds the lease, a light one while its mark is fresh —
+    so a gate on them still holds its consumer back. A light blocker whose record could not
+    be read at all may be running: it counts as running (the gate only defers, boundedly)."""
+    named = {g.blocker for s in lanes if s.name in views for g in s.gates}
+    out: dict[str, LaneView] = {}
+    for spec in lanes:
+        if (spec.name in named and spec.name not in views
+                and enabled_under(profile, spec.deployment)):
+            view = view_lane(spec, states.get(spec.name, LaneState()), lease, now,
+                             grace_s=grace_s)
+            unknown = (not spec.heavy and spec.name in unreadable
+                       and spec.name not in states)
+            out[spec.name] = replace(view, due=False, in_flight=view.in_flight or unknown)
+    return out
+
+
+def decide(
+    lanes: Collection[LaneSpec],
+    states: Mapping[str, LaneState],
+    lease: LeaseView | None,
+    now: float,
+    profile: Profile = Profile.LOCAL,
+    *,
+    probes: Mapping[str, int] | None = None,
+    unreadable: Collection[str] = (),
+    paused: Collection[str] = (),
+    forced: Collection[str] = (),
+    policy: Policy = Policy.STALENESS,
+    inflight_grace_s: float = 0.0,
+) -> Decision:
+    """Decide one tick. Neither argument is mutated; the result does not depend on the order
+    in which ``lanes`` are given. ``paused`` lanes are left out; ``forced`` lanes (an
+    operator's "run now") are due whatever their cadence, and still need the lease. A light
+    run counts as in flight ``inflight_grace_s`` past its mark (see ``views.is_in_flight``)."""
+    empty = SchedRecord()
+    specs = eligible(lanes, states, profile, excluded={*unreadable, *paused})
+    views = view_all(specs, states, lease, now, probes or {}, forced, inflight_grace_s)
+    gate_views = {**gates.family_views(views, {g.blocker for s in specs for g in s.gates}),
+                  **blocker_views(lanes, states, lease, now, profile, views, unreadable,
+                                  inflight_grace_s),
+                  **views}
+    candidates = [v for v in views.values() if v.due and not v.in_flight]
+
+    def sched(name: str) -> SchedRecord:
+        st = states.get(name)
+        return st.sched if st is not None else empty
+    deferred: list[Deferral] = []
+    heavy: list[LaneView] = []
+    light_views: list[LaneView] = []
+    expired: list[tuple[str, Gate]] = []
+
+    def defer(name: str, reason: DeferralReason, blocker: str | None) -> None:
+        deferred.append(continue_streak(sched(name).deferral, name, reason, blocker, now))
+
+    for view in candidates:
+        is_heavy = view.spec.kind is LaneKind.HEAVY
+        if is_heavy and lease is not None:
+            defer(view.name, DeferralReason.LEASE_HELD, lease.lane)
+            continue
+        if view.spec.gates:
+            gate, lapsed = gates.evaluate(view, gate_views, sched(view.name).deferral, now,
+                                          legacy=policy is Policy.REGISTRY)
+            expired.extend((view.name, g) for g in lapsed)
+            if gate is not None:
+                defer(view.name, gate.reason, gate.blocker)
+                continue
+        (heavy if is_heavy else light_views).append(view)
+
+    winner = pick(heavy, policy)
+    if winner is not None:
+        for view in heavy:
+            if view.name != winner.name:
+                defer(view.name, DeferralReason.BACKPRESSURE, winner.name)
+    return Decision(winner=winner.name if winner else None,
+                    also_dispatched=tuple(v.name for v in light_views),
+                    deferred=tuple(deferred), expired_gates=tuple(expired), views=views)
+
+
+def seconds_until_next_due(views: Mapping[str, LaneView], states: Mapping[str, LaneState],
+                           now: float) -> float | None:
+    """How long until some idle, time-driven lane turns due (None if none will by time alone)."""
+    best: float | None = None
+    for view in views.values():
+        if view.in_flight or view.due or view.spec.backlog_driven:
+            continue
+        last = effective_last_run(states.get(view.name, LaneState()), view.spec.cadence_s, now,
+                                  view.spec.due_ratio)
+        if last is None:
+            continue
+        wait = max(0.0, last + view.spec.cadence_s * view.spec.due_ratio - now)
+        best = wait if best is None else min(best, wait)
+    return best

@@ -1,0 +1,168 @@
+"""The tick planner: from what beat read (lane states, the lease, operator requests, due-check
+probes) and ``now`` to a :class:`Plan` — the lease grant to ask for, the messages to send, the
+beat-owned records that change, the deferral streaks that began, and when to look again.
+
+``FairScheduler`` carries a plan out against Redis and Celery; the simulator carries the very
+same plan out in virtual time. Pure: no I/O, no clock; task ids come from the caller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field, replace
+
+from schedproj.core.deferrals import Deferral, continue_streak, same_wait
+from schedproj.core.lanes import DeferralReason, LaneSpec, Profile
+from schedproj.core.picker import Policy
+from schedproj.core.pipeline import Decision, decide, seconds_until_next_due
+from schedproj.core.records import LaneState, LeaseView, SchedRecord
+
+
+@dataclass(frozen=True)
+class Send:
+    """One message to send for a decision."""
+
+    lane: str
+    task_id: str
+    deadline: float
+
+
+@dataclass(frozen=True)
+class TickInput:
+    """Everything a tick decides from, as read from the store in one go."""
+
+    states: Mapping[str, LaneState]
+    lease: LeaseView | None
+    #: Lanes an operator paused: left out of the decision.
+    paused: Collection[str] = frozenset()
+    #: Lanes an operator asked to run now: due whatever their cadence (still via the lease).
+    forced: Collection[str] = frozenset()
+    #: Lanes whose state or due-check could not be read this tick: left out, reported.
+    unreadable: Collection[str] = frozenset()
+    #: Backlog reported by the lanes' due-check hooks this tick.
+    probes: Mapping[str, int] = field(default_factory=dict)
+    #: Redis lost state a moment ago: dispatch nothing while earlier runs re-assert.
+    quarantined: bool = False
+    #: How long past its mark a light run still counts as in flight (beat: one lease TTL,
+    #: the grace after which it records the run lost).
+    inflight_grace_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one tick does. ``sends`` holds the heavy winner (which needs the lease granted
+    first) and every light lane dispatched in the same tick; ``changes`` are the beat-owned
+    records to write before anything is sent; ``new_deferrals`` are the streaks that began or
+    changed reason or blocker (logged and counted once per streak; a lane waiting for the
+    lease through several hand-offs is one streak)."""
+
+    decision: Decision
+    now: float
+    states: Mapping[str, LaneState]
+    sends: Mapping[str, Send]
+    changes: Mapping[str, SchedRecord]
+    new_deferrals: tuple[Deferral, ...]
+    #: Seconds until some idle lane falls due by time alone (None: none will).
+    next_due_in_s: float | None
+
+    @property
+    def heavy(self) -> Send | None:
+        """The heavy winner's message, which needs the lease granted before it is sent."""
+        winner = self.decision.winner
+        return self.sends.get(winner) if winner is not None else None
+
+    def only(self, lanes: Collection[str]) -> Plan:
+        """The same plan sending only ``lanes`` (a refused grant, or the simulator's
+        one-winner-per-poll variant): the lanes left out keep their state and stay due."""
+        sends = {lane: send for lane, send in self.sends.items() if lane in lanes}
+        changes, news = sched_changes(self.decision, self.states, sends, self.now)
+        return replace(self, sends=sends, changes=changes, new_deferrals=tuple(news))
+
+    def sleep_s(self, max_interval_s: float) -> float:
+        """How long beat may wait before the next tick: until the next lane falls due by time,
+        at most ``max_interval_s`` (due-check hooks and backlog are re-polled then); a
+        finishing run wakes it earlier."""
+        if self.next_due_in_s is None:
+            return max_interval_s
+        return min(max_interval_s, self.next_due_in_s)
+
+
+def plan_tick(
+    lanes: Collection[LaneSpec],
+    tick: TickInput,
+    now: float,
+    *,
+    profile: Profile,
+    policy: Policy,
+    start_deadline_s: float,
+    task_id: Callable[[str], str],
+) -> Plan:
+    """Plan one tick: decide (due -> gates -> pick), give every dispatched lane a message id
+    and a start deadline, and derive the beat-owned record changes."""
+    decision = decide(lanes, tick.states, tick.lease, now, profile, probes=tick.probes,
+                      unreadable=tick.unreadable, paused=tick.paused, forced=tick.forced,
+                      policy=policy, inflight_grace_s=tick.inflight_grace_s)
+    if tick.quarantined:
+        decision = quarantine(decision, tick.states, now)
+    deadline = now + start_deadline_s
+    sends = {lane: Send(lane, task_id(lane), deadline) for lane in decision.dispatched}
+    changes, news = sched_changes(decision, tick.states, sends, now)
+    return Plan(decision=decision, now=now, states=tick.states, sends=sends, changes=changes,
+                new_deferrals=tuple(news),
+                next_due_in_s=seconds_until_next_due(decision.views, tick.states, now))
+
+
+def quarantine(decision: Decision, states: Mapping[str, LaneState], now: float) -> Decision:
+    """The decision with every lane it would dispatch deferred instead: after a state loss a
+    run whose lease or in-flight mark vanished may still be running, and it re-asserts itself
+    within the quarantine. The deferral records why, so operators see it."""
+    held = tuple(
+        continue_streak(states[lane].sched.deferral if lane in states else None, lane,
+                        DeferralReason.STATE_LOSS_QUARANTINE, None, now)
+        for lane in decision.dispatched)
+    return replace(decision, winner=None, also_dispatched=(),
+                   deferred=decision.deferred + held)
+
+
+def sched_changes(
+    decision: Decision,
+    states: Mapping[str, LaneState],
+    sends: Mapping[str, Send],
+    now: float,
+) -> tuple[dict[str, SchedRecord], list[Deferral]]:
+    """The beat-owned records that change, and the deferrals that are new or changed (to log
+    once per streak, not every tick)."""
+    empty = SchedRecord()
+    changes: dict[str, SchedRecord] = {}
+    news: list[Deferral] = []
+    deferred = {d.lane: d for d in decision.deferred}
+
+    for lane in decision.views:
+        state = states.get(lane)
+        old = state.sched if state is not None else empty
+        if lane in sends:
+            send = sends[lane]
+            changes[lane] = replace(old, inflight_task_id=send.task_id,
+                                    inflight_deadline=send.deadline, last_dispatch_at=now,
+                                    dispatches=old.dispatches + 1, deferral=None)
+        elif lane in deferred:
+            new = deferred[lane]
+            if old.deferral is not None and same_wait(old.deferral, new):
+                continue
+            if old.deferral != new:
+                changes[lane] = replace(old, deferral=new)
+                if (old.deferral is None or old.deferral.reason != new.reason
+                        or old.deferral.blocker != new.blocker):
+                    news.append(new)
+        elif old.deferral is not None:
+            changes[lane] = replace(old, deferral=None)
+    # Lanes outside this decision (paused, disabled by the profile) are not deferred now: end
+    # their streaks, so a lane resumed later does not inherit a stale start.
+    for lane in states.keys() - decision.views.keys():
+        st = states[lane]
+        if st.sched.deferral is not None:
+            changes[lane] = replace(st.sched, deferral=None)
+    return changes, news
+
+
+__all__ = ["Plan", "Send", "TickInput", "plan_tick", "quarantine", "sched_changes"]

@@ -1,0 +1,204 @@
+"""Lane state as stored in Redis: frozen records with a format version.
+
+Each lane has two records in one Redis hash, one per writer, so beat and workers never
+overwrite each other's fields:
+
+* :class:`RunRecord` (field ``<lane>|run``) is written by the worker that runs the lane;
+* :class:`SchedRecord` (field ``<lane>|sched``) is written by the active beat.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, replace
+from enum import StrEnum
+from typing import Any, TypeVar
+
+from schedproj.core import codec
+from schedproj.core.defaults import STATE_VERSION
+from schedproj.core.deferrals import Deferral
+from schedproj.core.errors import StateError
+from schedproj.core.lanes import DeferralReason
+
+
+class Outcome(StrEnum):
+    """How a run ended."""
+
+    #: Finished its work.
+    COMPLETED = "completed"
+    #: Raised (or hit its time limit).
+    FAILED = "failed"
+    #: Stopped at a checkpoint because it reached the hold cap or lost the lease; backlog left.
+    YIELDED = "yielded"
+    #: Refused to run (stale or missing lease token); nothing was done.
+    SKIPPED = "skipped"
+    #: Started, then its lease or in-flight mark lapsed with no end recorded (its worker was
+    #: killed, say). Counts as a failure.
+    LOST = "lost"
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What the workers know about a lane: its runs and their outcomes."""
+
+    last_run_at: float | None = None
+    last_outcome: Outcome | None = None
+    last_reason: str | None = None
+    last_task_id: str | None = None
+    backlog: int = 0
+    runs: int = 0
+    failures: int = 0
+    running_task_id: str | None = None
+    running_since: float | None = None
+    running_until: float | None = None
+    fence: int = 0
+    failing_since: float | None = None
+    #: The last message refused without running (recorded skipped): its dispatch is over.
+    skipped_task_id: str | None = None
+    #: When a family member was added (written once, with the member): a member that never
+    #: ran counts as just due from then (staleness ratio 1, growing), not maximally stale, so
+    #: a thousand members added at once never all outrank every lane that is overdue.
+    since: float | None = None
+
+
+@dataclass(frozen=True)
+class SchedRecord:
+    """What the active beat knows about a lane: dispatches, in-flight message, deferral."""
+
+    inflight_task_id: str | None = None
+    inflight_deadline: float | None = None
+    last_dispatch_at: float | None = None
+    dispatches: int = 0
+    deferral: Deferral | None = None
+    paused: bool = False
+
+
+@dataclass(frozen=True)
+class LaneState:
+    run: RunRecord = field(default_factory=RunRecord)
+    sched: SchedRecord = field(default_factory=SchedRecord)
+
+
+@dataclass(frozen=True)
+class LeaseView:
+    """The heavy lease as read from Redis."""
+
+    lane: str
+    #: Kept out of repr: a traceback's frame variables reach logs and Sentry.
+    token: str = field(repr=False)
+    fence: int
+    granted_at: float
+    started_at: float | None = None
+    task_id: str | None = None
+    #: Who runs under it (set when the run starts): host, process id and worker node name.
+    host: str | None = None
+    pid: int | None = None
+    node: str | None = None
+    #: The epoch generation the lease was granted in (see ``lua/epoch.lua``): it starts only
+    #: in that generation, so a grant from before Redis lost state never starts after it.
+    epoch: int | None = None
+    #: Put back by its holder after Redis lost state (see ``lua/lease_renew.lua``): a holder
+    #: with a higher fence may take it over while state may still be lost.
+    reasserted: bool = False
+
+
+R = TypeVar("R", RunRecord, SchedRecord, LeaseView)
+
+
+#: Fields added after the format was first released, left out while unset: a record that does
+#: not use them reads the same to a beat or worker of the earlier release (a rolling deploy, a
+#: rollback), which refuses fields it does not know.
+_OMITTED_WHEN_NONE = ("since",)
+
+
+def encode(record: RunRecord | SchedRecord | LeaseView) -> str:
+    """Serialize a record to versioned JSON (the same text as ``asdict`` would give, built
+    shallowly: beat encodes thousands of records in a tick that dispatches thousands)."""
+    data = dict(record.__dict__)
+    for name in _OMITTED_WHEN_NONE:
+        if name in data and data[name] is None:
+            del data[name]
+    deferral = data.get("deferral")
+    if deferral is not None:
+        data["deferral"] = dict(deferral.__dict__)
+    return codec.dumps(data, STATE_VERSION)
+
+
+def decode(cls: type[R], raw: str | bytes, key: str) -> R:
+    """Parse a record, raising :class:`StateError` naming ``key`` on anything unexpected."""
+    data = codec.loads(raw, key, STATE_VERSION)
+    unknown = set(data).difference(name for name, _ in _field_types(cls))
+    if unknown:
+        raise StateError(key, f"unknown fields {sorted(unknown)}")
+    try:
+        return _build(cls, data)
+    except (TypeError, ValueError) as exc:
+        raise StateError(key, f"bad field value ({exc})") from None
+
+
+def _build(cls: type[R], data: dict[str, Any]) -> R:
+    if cls is RunRecord and data.get("last_outcome") is not None:
+        data["last_outcome"] = Outcome(data["last_outcome"])
+    if cls is SchedRecord and data.get("deferral") is not None:
+        data["deferral"] = _build_deferral(data["deferral"])
+    record = cls(**data)
+    _check_types(record)
+    return record
+
+
+def _build_deferral(raw: Any) -> Deferral:
+    if not isinstance(raw, dict):
+        raise TypeError(f"deferral must be an object, got {raw!r}")
+    missing = {"lane", "reason", "since"} - set(raw)
+    if missing:
+        raise ValueError(f"deferral lacks {sorted(missing)}")
+    d = dict(raw)
+    d["reason"] = DeferralReason(d["reason"])
+    deferral = Deferral(**d)
+    _check_types(deferral)
+    return deferral
+
+
+_NUMERIC = (int, float)
+
+
+_FIELD_TYPES: dict[type, tuple[tuple[str, str], ...]] = {}
+
+
+def _field_types(cls: type) -> tuple[tuple[str, str], ...]:
+    """(name, annotation) of a record class's fields, computed once per class."""
+    known = _FIELD_TYPES.get(cls)
+    if known is None:
+        known = _FIELD_TYPES[cls] = tuple((f.name, str(f.type)) for f in fields(cls))
+    return known
+
+
+def _check_types(record: RunRecord | SchedRecord | LeaseView | Deferral) -> None:
+    """Reject values of the wrong JSON type so garbage never reaches the picker."""
+    for name, annotation in _field_types(type(record)):
+        value = getattr(record, name)
+        if value is None:
+            continue
+        if annotation.startswith(("float", "int")) and (
+            isinstance(value, bool) or not isinstance(value, _NUMERIC)
+        ):
+            raise TypeError(f"{name} must be a number, got {value!r}")
+        if isinstance(value, float) and not math.isfinite(value):
+            # NaN never compares due and inf never ends: either would wedge or spin the lane.
+            raise ValueError(f"{name} must be a finite number, got {value!r}")
+        if annotation.startswith("str") and not isinstance(value, str):
+            raise TypeError(f"{name} must be a string, got {value!r}")
+        if annotation == "bool" and not isinstance(value, bool):
+            raise TypeError(f"{name} must be true or false, got {value!r}")
+
+
+__all__ = [
+    "LaneState",
+    "LeaseView",
+    "Outcome",
+    "RunRecord",
+    "SchedRecord",
+    "decode",
+    "encode",
+    "replace",
+]

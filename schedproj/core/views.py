@@ -1,0 +1,158 @@
+"""Derived, per-tick facts about each lane: staleness ratio, due, in flight. Pure."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+
+from schedproj.core import defaults
+from schedproj.core.lanes import LaneSpec
+from schedproj.core.records import LaneState, LeaseView, Outcome
+
+
+@dataclass(frozen=True)
+class LaneView:
+    """One lane at one instant, as every pipeline stage sees it."""
+
+    spec: LaneSpec
+    ratio: float
+    backlog: int
+    due: bool
+    in_flight: bool
+    never_run: bool
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def behind(self) -> bool:
+        """Has work left: reported backlog, or never run so its backlog is unknown."""
+        return self.backlog > 0 or self.never_run
+
+
+def staleness_ratio(last_run_at: float | None, cadence_s: float, now: float) -> float:
+    """``(now - last_run_at) / cadence``; a lane that never ran is maximally stale (inf)."""
+    if last_run_at is None:
+        return math.inf
+    return max(0.0, now - last_run_at) / cadence_s
+
+
+def effective_last_run(state: LaneState, cadence_s: float, now: float,
+                       due_ratio: float = 1.0) -> float | None:
+    """When the lane last ran, bounded by beat's clock. Pure.
+
+    ``last_run_at`` comes from the clock of the worker that ran the lane. A clock that is ahead
+    writes a time in the future, which taken at its word holds the lane back by the whole skew
+    (an hour ahead made a 10-minute lane wait 70 minutes). A time further in the future than
+    ``min(CLOCK_SKEW_TOLERANCE_S, cadence)`` is therefore capped at the lane's last dispatch
+    (written with beat's clock; the run ended after it) plus one cadence: a skewed host never
+    delays a lane by more than one cadence (it may make it run up to one cadence early). A
+    time within the tolerance (a run that ended while this tick was reading, host jitter), or
+    a lane beat never dispatched, is taken as it is. A family member that never ran counts
+    as having run one cadence (its due ratio's worth, if more) before it was added.
+    """
+    last = state.run.last_run_at
+    if last is None:
+        # Never ran: maximally stale (None), unless it is a family member with an add time,
+        # which is just due from then (see RunRecord.since): at its due ratio, or 1.
+        since = state.run.since
+        return None if since is None else min(since, now) - cadence_s * max(1.0, due_ratio)
+    dispatched = state.sched.last_dispatch_at
+    if (dispatched is None
+            or last - now <= min(defaults.CLOCK_SKEW_TOLERANCE_S, cadence_s)):
+        return last
+    return min(last, dispatched + cadence_s)
+
+
+def retry_due(spec: LaneSpec, state: LaneState, now: float) -> bool:
+    """A failed run is retried ``retry_after_failure_s`` later, while the failure streak is
+    younger than ``retry_window_s`` (the original backup: after 15 min, within 1 h)."""
+    run = state.run
+    if (spec.retry_after_failure_s is None or spec.retry_window_s is None
+            or run.last_outcome not in (Outcome.FAILED, Outcome.LOST)
+            or run.last_run_at is None):
+        return False
+    streak_start = run.failing_since if run.failing_since is not None else run.last_run_at
+    return (now - run.last_run_at >= spec.retry_after_failure_s
+            and now - streak_start <= spec.retry_window_s)
+
+
+def is_in_flight(state: LaneState, now: float, grace_s: float = 0.0) -> bool:
+    """A light lane's dispatch not yet finished: a run that started and has not ended counts
+    while its heartbeat keeps its mark fresh (whatever beat's record says: after Redis lost
+    state that record may be gone, and the run re-asserts its mark); a message not yet started
+    counts until its own expiry (it may still be delivered).
+
+    The mark's end is on Redis's clock and judged on beat's, and a heartbeat may stall (a
+    partition, a long pause): the run counts as in flight for ``grace_s`` past its mark (beat
+    passes one lease TTL, the grace after which it records the run lost), so a lane is never
+    dispatched while its run is neither in flight nor recorded lost."""
+    run = state.run
+    running = run.running_task_id is not None and run.running_task_id != run.last_task_id
+    if running and run.running_until is not None and now < run.running_until + grace_s:
+        return True
+    task_id = state.sched.inflight_task_id
+    if task_id is None or task_id in (run.last_task_id, run.running_task_id,
+                                      run.skipped_task_id):
+        # Ended, refused (recorded skipped: a stale beat's message, say), or started (then
+        # only its mark above keeps it in flight: a killed run frees its lane one heartbeat
+        # TTL later, not at the start deadline).
+        return False
+    deadline = state.sched.inflight_deadline
+    return deadline is not None and now < deadline
+
+
+def view_lane(
+    spec: LaneSpec,
+    state: LaneState,
+    lease: LeaseView | None,
+    now: float,
+    probed_backlog: int | None = None,
+    forced: bool = False,
+    grace_s: float = 0.0,
+) -> LaneView:
+    """Compute the view of one lane. ``probed_backlog`` comes from the lane's due-check hook."""
+    ratio = staleness_ratio(effective_last_run(state, spec.cadence_s, now, spec.due_ratio),
+                            spec.cadence_s, now)
+    backlog = probed_backlog if probed_backlog is not None else state.run.backlog
+    never_run = state.run.last_run_at is None
+    if forced or retry_due(spec, state, now):
+        due = True
+    elif spec.backlog_driven:
+        # Ranked with its cadence, but due only while behind (a first run measures it).
+        due = backlog > 0 or (never_run and probed_backlog is None)
+    else:
+        due = ratio >= spec.due_ratio or backlog > 0
+    if spec.heavy:
+        # A heavy run lives exactly as long as its lease: granted at dispatch, renewed while
+        # running, gone when the run ends or its worker dies. Nothing else can wedge the lane.
+        in_flight = lease is not None and lease.lane == spec.name
+    else:
+        in_flight = is_in_flight(state, now, grace_s)
+    return LaneView(
+        spec=spec,
+        ratio=ratio,
+        backlog=max(0, backlog),
+        due=due,
+        in_flight=in_flight,
+        never_run=never_run,
+    )
+
+
+def view_all(
+    specs: tuple[LaneSpec, ...],
+    states: Mapping[str, LaneState],
+    lease: LeaseView | None,
+    now: float,
+    probes: Mapping[str, int],
+    forced: Collection[str] = (),
+    grace_s: float = 0.0,
+) -> dict[str, LaneView]:
+    empty = LaneState()
+    return {
+        s.name: view_lane(s, states.get(s.name, empty), lease, now, probes.get(s.name),
+                          s.name in forced, grace_s)
+        for s in specs
+    }

@@ -1,0 +1,100 @@
+"""A worker restarted on the same node frees the lease of a predecessor it can prove dead.
+
+Without this, a heavy worker killed outright and restarted at once waits out the whole lease
+TTL before heavy work resumes: its predecessor's lease lives on until it expires. The lease
+records who runs under it (host, process id, worker node name, see ``lua/lease_start.lua``);
+a worker that starts with the same node name on the same host, and finds that process gone,
+knows the run died with it and releases the lease by its token (compare and set). Beat then
+records the run as lost on its next tick.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+from celery import signals
+
+from schedproj.core.records import LeaseView
+from schedproj.on_celery.runtime import runtime_for
+
+logger = logging.getLogger(__name__)
+
+
+def process_gone(pid: int) -> bool:
+    """Is there no live process ``pid`` on this host? A zombie (killed, not yet reaped: a
+    pool child whose worker was killed with it) is gone; a process of another user is not."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    # The state is the field after the parenthesised command name.
+    return stat.rpartition(")")[2].split()[:1] == ["Z"]
+
+
+def machine_boot() -> str:
+    """This machine's current boot (the kernel's random boot id; else the machine id): two
+    hosts that share a hostname (cloned VMs, a name reused) never do, nor does a host before
+    and after a reboot."""
+    for path in ("/proc/sys/kernel/random/boot_id", "/etc/machine-id"):
+        try:
+            value = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if value:
+            return value
+    return ""
+
+
+def node_identity(nodename: str) -> str:
+    """The worker's node name plus its machine boot and process namespace: containers on the
+    host network share the host's name, and a pid from another container's namespace (or
+    another machine: the host pid namespace has the same inode everywhere) is meaningless
+    here, so only a predecessor of the same boot and namespace can be proven dead."""
+    try:
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        namespace = 0
+    return f"{nodename}#{machine_boot()}#{namespace}"
+
+
+def predecessor_dead(lease: LeaseView, host: str, node: str, me: int) -> bool:
+    """Does ``lease`` belong to a run of this very node (same host and node name) whose process
+    is gone?"""
+    return (lease.started_at is not None and bool(node) and lease.host == host
+            and lease.node == node and lease.pid is not None and lease.pid != me
+            and process_gone(lease.pid))
+
+
+@signals.worker_ready.connect  # type: ignore[untyped-decorator]
+def free_dead_predecessors_lease(sender: Any = None, **kwargs: Any) -> None:
+    app = getattr(sender, "app", None)
+    node = str(getattr(sender, "hostname", "") or "")
+    if app is None or getattr(app, "schedproj_settings", None) is None:
+        return
+    try:
+        rt = runtime_for(app)
+        lease = rt.lease.read()
+        if lease is None or not predecessor_dead(lease, socket.gethostname(),
+                                                 node_identity(node), os.getpid()):
+            return
+        if rt.lease.release(lease.token):
+            logger.warning("freed the heavy lease of lane %s: it was held by process %s of "
+                           "this node (%s), which is gone; its run is recorded lost",
+                           lease.lane, lease.pid, node)
+    except Exception:  # never stop a worker from starting over this
+        logger.warning("could not check the heavy lease for a dead predecessor", exc_info=True)
+
+
+__all__ = ["free_dead_predecessors_lease", "predecessor_dead", "process_gone"]

@@ -1,0 +1,559 @@
+"""The ``schedproj`` command line."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from schedproj.core.errors import SchedprojError
+from schedproj.core.picker import Policy
+
+DEFAULT_APP = "schedproj.app"
+
+
+def _load_app(app_name: str, lanes: str | None) -> Any:
+    if lanes:
+        os.environ["SCHEDPROJ_LANE_MODULES"] = lanes
+    sys.path.insert(0, os.getcwd())
+    from celery.app.utils import find_app
+
+    app = find_app(app_name)
+    if lanes and getattr(app, "main", None) != "schedproj":
+        modules = [m.strip() for m in lanes.split(",") if m.strip()]
+        ignored = [m for m in modules
+                   if m not in (app.conf.include or ()) and m not in sys.modules]
+        if ignored:
+            raise click.ClickException(
+                f"--lanes sets SCHEDPROJ_LANE_MODULES, which only schedproj.app reads; app "
+                f"{app.main!r} ({app_name}) does not import {', '.join(ignored)}. Fix: add "
+                f"them to its include list (Celery({app.main!r}, include=[...])), or drop "
+                "--lanes")
+    return app
+
+
+def _lanes_of(app_name: str, lanes: str | None) -> tuple[Any, Any]:
+    """(app, its validated lane set); a ClickException naming the problem, also for an app
+    that declares no lanes at all."""
+    from schedproj.on_celery.config import lane_set_for, no_lanes_message
+
+    try:
+        app = _load_app(app_name, lanes)
+        lane_set = lane_set_for(app)
+    except SchedprojError as exc:
+        raise click.ClickException(str(exc)) from None
+    if not lane_set.specs:
+        raise click.ClickException(no_lanes_message(app))
+    return app, lane_set
+
+
+@click.group()
+@click.version_option(package_name="schedproj")
+def main() -> None:
+    """schedproj: a fair Celery Beat scheduler for periodic maintenance lanes."""
+
+
+@main.command()
+@click.option("-A", "--app", "app_name", default=DEFAULT_APP, show_default=True,
+              help="Celery app to load (module or module:attribute).")
+@click.option("--lanes", help="Comma-separated lane modules (sets SCHEDPROJ_LANE_MODULES).")
+@click.option("--json", "as_json", is_flag=True, help="Print the lanes as JSON.")
+def lanes(app_name: str, lanes: str | None, as_json: bool) -> None:
+    """List the declared lanes and their options; exit non-zero naming the problem if invalid."""
+    from schedproj.core.lanes import enabled_under, queue_for
+
+    app, lane_set = _lanes_of(app_name, lanes)
+    profile = app.schedproj_settings.profile
+    rows = [{
+        "lane": s.name, "task": s.task_name, "kind": s.kind.value, "queue": queue_for(s.kind),
+        "cadence_s": s.cadence_s, "priority0": s.priority0, "deployment": s.deployment.value,
+        "enabled": enabled_under(profile, s.deployment), "order": s.order,
+        "backlog_driven": s.backlog_driven,
+        "gates": [f"{g.when.value}:{g.blocker}" for g in s.gates],
+    } for s in lane_set.specs]
+    if as_json:
+        click.echo(json.dumps({"profile": profile.value, "lanes": rows}, indent=2))
+        return
+    columns = ("lane", "kind", "queue", "cadence_s", "priority0", "deployment", "enabled",
+               "order", "gates")
+    table = Table(title=f"lanes (profile {profile.value})")
+    for col in columns:
+        table.add_column(col, no_wrap=col == "lane")
+    for row in rows:
+        cells = {**row, "gates": ", ".join(row["gates"]) or "-"}
+        table.add_row(*(str(cells[c]) for c in columns))
+    Console(width=None if sys.stdout.isatty() else 160).print(table)
+
+
+@main.command()
+@click.option("-A", "--app", "app_name", default=DEFAULT_APP, show_default=True,
+              help="Celery app the processes load.")
+@click.option("--lanes", help="Comma-separated lane modules (sets SCHEDPROJ_LANE_MODULES).")
+@click.option("--light-concurrency", default=2, show_default=True, type=click.IntRange(1))
+@click.option("--loglevel", default="info", show_default=True)
+@click.option("--for", "duration_s", type=click.FloatRange(min=0.1), default=None,
+              help="Stop after this many seconds (default: until Ctrl-C).")
+@click.option("--restart/--no-restart", default=True, show_default=True,
+              help="Start a process that exits again (backoff 1 s doubling to 30 s), or "
+                   "stop them all.")
+def up(app_name: str, lanes: str | None, light_concurrency: int, loglevel: str,
+       duration_s: float | None, restart: bool) -> None:
+    """Start beat (-S fair), a heavy worker (-c 1) and a light worker for APP, locally; a
+    process that exits is started again, its exit code logged."""
+    from schedproj.devtools.processes import layout, run_all
+
+    _lanes_of(app_name, lanes)  # fail here, once and clearly, not in three child processes
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
+    specs = layout(app_name, light_concurrency=light_concurrency, loglevel=loglevel)
+    with _redis_for(env) as url:
+        if url is not None:
+            env["CELERY_BROKER_URL"] = env["SCHEDPROJ_REDIS_URL"] = url
+        code = run_all(specs, env, duration_s=duration_s, restart=restart)
+    sys.exit(code)
+
+
+@contextlib.contextmanager
+def _redis_for(env: dict[str, str]) -> Iterator[str | None]:
+    """None when a Redis is configured or answers at the default; else a private one's URL."""
+    from schedproj.devtools import embedded
+    from schedproj.settings import Settings
+
+    if env.get("CELERY_BROKER_URL") or env.get("SCHEDPROJ_REDIS_URL"):
+        yield None
+        return
+    default = str(Settings.model_fields["broker_url"].default)
+    if embedded.answers(default):
+        yield None
+        return
+    click.echo(f"schedproj: nothing answers at {default}; starting a private Redis", err=True)
+    with embedded.private_redis() as url:
+        yield url
+
+
+@main.command()
+@click.option("--policy", type=click.Choice([p.value for p in Policy]), default="staleness",
+              show_default=True, help="'registry' runs the legacy picker, to compare.")
+@click.option("--scale", type=click.FloatRange(min=1e-5), default=0.005, show_default=True,
+              help="Multiplies the REM cadences (0.005: ten minutes become 3 s).")
+@click.option("--budget", "budget_s", type=click.FloatRange(min=1), default=300.0,
+              show_default=True, help="Give up after this many seconds.")
+@click.option("--hold-cap", "hold_cap_s", type=click.FloatRange(min=0.1), default=3.0,
+              show_default=True, help="Heavy hold cap for the demo (seconds).")
+@click.option("--latency", "latency_s", type=click.FloatRange(min=0), default=0.01,
+              show_default=True, help="Simulated model latency per summarizer call (s).")
+@click.option("--long-sessions", type=click.IntRange(min=0), default=24, show_default=True)
+@click.option("--short-sessions", type=click.IntRange(min=0), default=150, show_default=True)
+@click.option("--redis-url", help="Use this Redis (default: CELERY_BROKER_URL, a local one, "
+              "or a private one started for the demo).")
+@click.option("--default-url", default="redis://127.0.0.1:6379/0", hidden=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--compare", is_flag=True, help="Run the staleness policy, then the legacy "
+              "registry policy, on the same seed and budget; print both reports side by side.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+              help="Where to write the PNG of the drain (default: a file in the temp folder).")
+def demo(policy: str, scale: float, budget_s: float, hold_cap_s: float, latency_s: float,
+         long_sessions: int, short_sessions: int, redis_url: str | None, default_url: str,
+         as_json: bool, compare: bool, plot_path: str | None) -> None:
+    """Seed the original's forensic backlog and watch the REM chain drain to idle; write a
+    PNG of the drain (lease timeline and each lane's backlog) and print its path."""
+    from dataclasses import replace
+
+    from schedproj.devtools.demo import (
+        DemoOptions,
+        default_plot_path,
+        plot_drain,
+        render_compare,
+        render_report,
+        run_demo,
+    )
+
+    opts = DemoOptions(scale=scale, policy=Policy(policy), budget_s=budget_s,
+                       hold_cap_s=hold_cap_s, latency_s=latency_s, long_sessions=long_sessions,
+                       short_sessions=short_sessions, redis_url=redis_url,
+                       default_url=default_url, live=not as_json)
+    policies = [Policy.STALENESS, Policy.REGISTRY] if compare else [Policy(policy)]
+    try:
+        reports = [run_demo(replace(opts, policy=p)) for p in policies]
+    except SchedprojError as exc:
+        raise click.ClickException(str(exc)) from None
+    picture = plot_drain(reports, plot_path or default_plot_path(
+        "compare" if compare else policy))
+    for report in reports:
+        report.pop("history", None)
+        report["plot"] = str(picture)
+    if as_json:
+        click.echo(json.dumps(reports if compare else reports[0], indent=2))
+    else:
+        for report in [] if compare else reports:
+            render_report(report, sys.stdout)
+        if compare:
+            render_compare(reports, sys.stdout)
+        click.echo(f"picture of the drain: {picture}")
+    sys.exit(1 if any(r["died"] for r in reports) else 0)
+
+
+def _state_handles() -> tuple[Any, Any, Any]:
+    """(settings, Redis client, keys) from the environment; no app code needed."""
+    from schedproj.settings import Settings
+    from schedproj.store.connection import connect
+    from schedproj.store.protocol import Keys
+
+    try:
+        settings = Settings.load()
+    except SchedprojError as exc:
+        raise click.ClickException(str(exc)) from None
+    return (settings, connect(settings.state_redis_url, tls=settings.redis_tls),
+            Keys(settings.key_prefix))
+
+
+@main.command()
+def init() -> None:
+    """Declare a new deployment, so the first heavy grant needs no state-loss quarantine.
+
+    Beat cannot tell a first start from a Redis that lost its state, so by default it waits
+    one quarantine (4/3 of the lease TTL) before granting the first heavy lease. On a Redis
+    that holds no schedproj state yet, this says there is nothing to wait for; it refuses
+    once any lane state, a lease or an epoch exists (run it before the first beat: after a
+    beat ran, and after Redis lost state, the quarantine must run its course)."""
+    import redis as redis_lib
+
+    from schedproj.store.connection import mask
+    from schedproj.store.lane_store import LaneStore
+
+    settings, client, keys = _state_handles()
+    try:
+        fresh = LaneStore(client, keys).declare_fresh()
+    except redis_lib.RedisError as exc:
+        raise click.ClickException(
+            f"cannot reach {mask(settings.state_redis_url)} (SCHEDPROJ_REDIS_URL or "
+            f"CELERY_BROKER_URL): {exc}") from None
+    if not fresh:
+        raise click.ClickException(
+            f"prefix {keys.prefix!r} already holds lane state, a lease or a beat's epoch: not "
+            "a new deployment (or Redis lost its state), so the quarantine stays (it protects "
+            "runs that may still hold a lease; it ends on its own)")
+    click.echo(f"declared a new deployment under prefix {keys.prefix!r}")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+@click.option("--watch", "watch_s", type=click.FloatRange(min=0.2), default=None,
+              help="Refresh every N seconds until Ctrl-C.")
+@click.option("--family", "family", default=None, metavar="NAME",
+              help="List the members of lane family NAME instead of the lanes (families "
+                   "are shown folded otherwise).")
+def status(as_json: bool, watch_s: float | None, family: str | None) -> None:
+    """Lanes, lease, deferral chain, watchdog and active beat — read from Redis only."""
+    import redis as redis_lib
+    from rich.live import Live
+
+    from schedproj.ops.observe import observe
+    from schedproj.ops.status import as_json as status_json
+    from schedproj.ops.status import render
+    from schedproj.store.connection import describe_failure
+
+    settings, client, keys = _state_handles()
+
+    def snapshot() -> tuple[Any, Any]:
+        try:
+            obs = observe(client, keys)
+        except redis_lib.RedisError as exc:
+            which = "SCHEDPROJ_REDIS_URL" if settings.redis_url else "CELERY_BROKER_URL"
+            line, _ = describe_failure(settings.state_redis_url, exc, which)
+            raise click.ClickException(f"cannot read {line}") from None
+        if family is not None and family not in obs.families:
+            known = ", ".join(sorted(obs.families)) or "none"
+            raise click.ClickException(f"no lane family {family!r}. Fix: name one of the "
+                                       f"families the last beat declared ({known})")
+        return obs, obs.health(starvation_threshold_s=settings.starvation_threshold_s,
+                               hold_cap_s=settings.hold_cap_s, profile=settings.profile)
+
+    if as_json:
+        obs, health = snapshot()
+        click.echo(json.dumps(status_json(obs, health, family), indent=2, default=str))
+        return
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    if watch_s is None:
+        console.print(render(*snapshot(), family=family))
+        return
+    import time
+
+    with Live(render(*snapshot(), family=family), console=console,
+              refresh_per_second=4) as live:
+        try:
+            while True:
+                time.sleep(watch_s)
+                live.update(render(*snapshot(), family=family))
+        except KeyboardInterrupt:
+            pass
+
+
+@contextlib.contextmanager
+def _reaching(settings: Any) -> Iterator[None]:
+    """Redis errors as one line naming the URL (masked), the setting and the fix."""
+    import redis as redis_lib
+
+    from schedproj.store.connection import describe_failure
+
+    try:
+        yield
+    except redis_lib.RedisError as exc:
+        which = "SCHEDPROJ_REDIS_URL" if settings.redis_url else "CELERY_BROKER_URL"
+        line, fatal = describe_failure(settings.state_redis_url, exc, which)
+        raise click.ClickException(
+            f"cannot use {line}" if fatal else f"cannot reach {line}. Fix: start Redis there "
+            f"or point {which} at the one beat uses") from None
+
+
+def _known_lane(client: Any, keys: Any, lane: str) -> None:
+    from schedproj.core.errors import StateError
+    from schedproj.core.laneset import specs_from_registry
+    from schedproj.store.protocol import run_field, sched_field
+
+    raw = client.get(keys.published_lanes)
+    if raw is None:
+        return  # no beat yet: cannot check, accept
+    try:
+        specs, published = specs_from_registry(raw, keys.published_lanes)
+    except StateError as exc:
+        raise click.ClickException(str(exc)) from None
+    names = sorted(s.name for s in specs)
+    if lane in names:
+        return
+    from schedproj.core.families import split_member
+
+    member = split_member(lane)
+    families = [f.get("name") for f in published.get("families", [])]
+    if member is not None and member[0] in families:
+        if client.sismember(keys.family(member[0]), member[1]):
+            return
+        raise click.ClickException(
+            f"{member[1]!r} is not a member of family {member[0]!r}. Fix: `schedproj family "
+            f"add {member[0]} {member[1]}`, or `schedproj family list {member[0]}`")
+    if client.hexists(keys.lanes, run_field(lane)) or client.hexists(keys.lanes,
+                                                                   sched_field(lane)):
+        raise click.ClickException(
+            f"lane {lane!r} has state under prefix {keys.prefix!r}, but the last beat to run "
+            f"there declares other lanes ({', '.join(names) or 'none'}): two apps share the "
+            "prefix. Fix: start this app's beat, or give each app its own SCHEDPROJ_KEY_PREFIX")
+    raise click.ClickException(f"no lane {lane!r}; the lanes are: {', '.join(names) or 'none'}")
+
+
+@main.group()
+def family() -> None:
+    """Add, remove and list the members of a lane family (one keyed lane per tenant, repo
+    or shard). Keys: 1 to 128 characters out of letters, digits and . _ - : / @ + =."""
+
+
+def _families(client: Any, keys: Any) -> Any:
+    """A FamilyStore that knows the families the last beat declared (if one ran)."""
+    from schedproj.core.errors import StateError
+    from schedproj.core.laneset import specs_from_registry
+    from schedproj.store.families import FamilyStore
+
+    raw = client.get(keys.published_lanes)
+    if raw is None:
+        return FamilyStore(client, keys)
+    try:
+        _, published = specs_from_registry(raw, keys.published_lanes)
+    except StateError as exc:
+        raise click.ClickException(str(exc)) from None
+    return FamilyStore(client, keys, [f.get("name") for f in published.get("families", [])])
+
+
+@family.command(name="add")
+@click.argument("family_name", metavar="FAMILY")
+@click.argument("keys_", metavar="KEY...", nargs=-1, required=True)
+def family_add(family_name: str, keys_: tuple[str, ...]) -> None:
+    """Add members (each due for a first run at once)."""
+    settings, client, keys = _state_handles()
+    with _reaching(settings):
+        try:
+            added = _families(client, keys).add(family_name, keys_)
+        except SchedprojError as exc:
+            raise click.ClickException(str(exc)) from None
+    click.echo(f"{family_name}: {added} added, {len(set(keys_)) - added} already members")
+
+
+@family.command(name="remove")
+@click.argument("family_name", metavar="FAMILY")
+@click.argument("keys_", metavar="KEY...", nargs=-1, required=True)
+def family_remove(family_name: str, keys_: tuple[str, ...]) -> None:
+    """Remove members and their state (a run in progress finishes; nothing is kept)."""
+    settings, client, keys = _state_handles()
+    with _reaching(settings):
+        try:
+            removed = _families(client, keys).remove(family_name, keys_)
+        except SchedprojError as exc:
+            raise click.ClickException(str(exc)) from None
+    click.echo(f"{family_name}: {removed} removed, {len(set(keys_)) - removed} were not members")
+
+
+@family.command(name="list")
+@click.argument("family_name", metavar="FAMILY")
+def family_list(family_name: str) -> None:
+    """Print the member keys, one a line."""
+    settings, client, keys = _state_handles()
+    with _reaching(settings):
+        try:
+            members = _families(client, keys).members(family_name)
+        except SchedprojError as exc:
+            raise click.ClickException(str(exc)) from None
+    for key in members:
+        click.echo(key)
+
+
+@main.command()
+@click.argument("lane")
+def pause(lane: str) -> None:
+    """Stop dispatching LANE until resumed (a run in progress finishes)."""
+    settings, client, keys = _state_handles()
+    from schedproj.store.lane_store import LaneStore
+
+    with _reaching(settings):
+        _known_lane(client, keys, lane)
+        LaneStore(client, keys).pause(lane)
+    click.echo(f"paused {lane}")
+
+
+@main.command()
+@click.argument("lane")
+def resume(lane: str) -> None:
+    """Dispatch LANE again when it is due."""
+    settings, client, keys = _state_handles()
+    from schedproj.store.lane_store import LaneStore
+
+    with _reaching(settings):
+        removed = LaneStore(client, keys).resume(lane)
+        if not removed:
+            _known_lane(client, keys, lane)
+    click.echo(f"resumed {lane}" if removed else f"{lane} was not paused")
+
+
+@main.command(name="run")
+@click.argument("lane")
+def run_now(lane: str) -> None:
+    """Make LANE due now; beat dispatches it when it wins (a heavy lane still needs the
+    lease)."""
+    settings, client, keys = _state_handles()
+    from schedproj.store.lane_store import LaneStore
+
+    with _reaching(settings):
+        _known_lane(client, keys, lane)
+        LaneStore(client, keys).run_now(lane)
+    click.echo(f"{lane} will run at the next tick it can (heavy lanes wait for the lease)")
+
+
+@main.command(name="clear-lease")
+@click.option("-A", "--app", "app_name", default=DEFAULT_APP, show_default=True,
+              help="Celery app used to ask the workers whether the holder still runs.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1), default=3.0,
+              show_default=True, help="How long to wait for workers' replies.")
+def clear_lease(app_name: str, timeout_s: float) -> None:
+    """Free the heavy lease, only when its holder is provably gone: no worker reports its
+    task as active or reserved. A live holder is never cut off."""
+    from schedproj.store.lease import HeavyLease
+
+    settings, client, keys = _state_handles()
+    lease = HeavyLease(client, keys)
+    with _reaching(settings):
+        current = lease.read()
+    if current is None:
+        click.echo("the lease is free")
+        return
+    app = _load_app(app_name, None)
+    inspect = app.control.inspect(timeout=timeout_s)
+    replies = [inspect.active() or {}, inspect.reserved() or {}]
+    if not any(replies):
+        raise click.ClickException(
+            "no worker answered; cannot prove the holder is gone. The lease frees itself "
+            f"within {settings.lease_ttl_s:g}s of its holder dying; retry once workers answer")
+    for reply in replies:
+        for worker, tasks in reply.items():
+            if any(t.get("id") == current.task_id for t in tasks):
+                raise click.ClickException(
+                    f"worker {worker} is running the holder ({current.lane}, task "
+                    f"{current.task_id}); not clearing. Stop it first: celery -A {app_name} "
+                    f"control revoke --terminate {current.task_id}")
+    if lease.release(current.token):
+        client.lpush(keys.wake, "clear-lease")
+        click.echo(f"cleared the lease held by {current.lane} (fence {current.fence}); its "
+                   "late writes are refused by the fencing number")
+    else:
+        click.echo("the lease changed meanwhile; nothing cleared")
+
+
+
+@main.command()
+@click.option("--duration", "duration_s", type=click.FloatRange(min=20), default=None,
+              help="How long to run at least (seconds; default 120, the long profile 600).")
+@click.option("--heavy-workers", type=click.IntRange(min=2), default=3, show_default=True)
+@click.option("--fault-every", "fault_every_s", type=click.FloatRange(min=2), default=4.0,
+              show_default=True, help="Seconds between injected faults.")
+@click.option("--sentinel", is_flag=True, default=None,
+              help="State and lease on a real Sentinel set (master, replica, three "
+                   "sentinels), with failovers to a lagging replica among the faults.")
+@click.option("--min-faults", default=None, metavar="KIND=N,...",
+              help="Run on until each count is met, e.g. state-loss=100,failover=20,"
+                   "freeze-beat=20 (state-loss: every Redis restart without persistence).")
+@click.option("--max-duration", "max_duration_s", type=click.FloatRange(min=20), default=None,
+              help="Stop at this many seconds even if --min-faults are not met.")
+@click.option("--profile", type=click.Choice(["long"]), default=None,
+              help="long: on a Sentinel set until state-loss=100,failover=20,freeze-beat=20 "
+                   "(at least 600 s, at most 5400 s; 30-60 minutes).")
+@click.option("--dump", "dump_to", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="Write the journal, dispatch log, ledger and fault times "
+                                 "here as JSON.")
+@click.option("--members", type=click.IntRange(min=0), default=100, show_default=True,
+              help="Members of the light lane family that runs next to the ordinary lanes "
+                   "(given by a members hook, so they come back after a state loss).")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+def chaos(duration_s: float | None, heavy_workers: int, fault_every_s: float,
+          sentinel: bool | None, min_faults: str | None, max_duration_s: float | None,
+          profile: str | None, dump_to: Path | None, members: int, as_json: bool) -> None:
+    """Break workers, beats and Redis on purpose and audit what ran (private Redis)."""
+    from schedproj.chaos.driver import LONG_PROFILE, parse_min_faults, render, run_chaos
+
+    preset: dict[str, Any] = dict(LONG_PROFILE) if profile == "long" else {}
+    try:
+        report = run_chaos(
+            duration_s if duration_s is not None else preset.get("duration_s", 120.0),
+            heavy_workers, fault_every_s,
+            sentinel=sentinel if sentinel is not None else preset.get("sentinel", False),
+            min_faults=parse_min_faults(min_faults) if min_faults is not None
+            else preset.get("min_faults"),
+            max_duration_s=max_duration_s if max_duration_s is not None
+            else preset.get("max_duration_s"), dump_to=dump_to, members=members)
+    except SchedprojError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        render(report, sys.stdout)
+    failed = report["overlaps"] or report["duplicates"] or report["lost_runs"] \
+        or report["stale_starts"] or not report["ledger_monotone"] or report["os_overlaps"] \
+        or report["stale_beat_starts"] or report["worker_exits"] \
+        or not report["min_faults_met"]
+    sys.exit(1 if failed else 0)
+
+
+def _register_simulator() -> None:
+    from schedproj.sim.cli import simulate
+
+    main.add_command(simulate)
+
+
+_register_simulator()
+
+
+if __name__ == "__main__":
+    main()

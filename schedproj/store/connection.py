@@ -1,0 +1,247 @@
+"""Redis clients built from a URL: credentials and TLS come from the URL, never from code.
+
+Besides ``redis://`` and ``rediss://``, a Sentinel-managed Redis is named by
+``redis+sentinel://[user:password@]host:port[,host:port...]/service[/db]`` (``rediss+sentinel``
+for TLS to the master; ``?sentinel_password=...`` when the sentinels need one): the client
+asks the sentinels for the current master of ``service`` and follows a failover.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
+
+import redis
+from redis.backoff import ExponentialBackoff, NoBackoff
+from redis.retry import Retry
+from redis.sentinel import Sentinel
+
+from schedproj.core.errors import ConfigurationError
+
+#: URL schemes that name a Sentinel-managed master.
+SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
+#: Port of a sentinel named without one.
+SENTINEL_PORT = 26379
+#: How often a command is retried while a failover moves the master (with backoff, about 10 s).
+FAILOVER_RETRIES = 8
+
+
+def connect(url: str, *, socket_timeout_s: float = 10.0,
+            tls: Mapping[str, str] | None = None, retry: bool = True) -> redis.Redis:
+    """A client that decodes to ``str`` and gives up on a dead server instead of hanging.
+
+    ``tls`` (``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile``, ``ssl_cert_reqs``: see
+    :attr:`schedproj.settings.Settings.redis_tls`) applies to ``rediss://`` URLs only; the
+    URL's own query parameters of the same names win. ``retry=False``: one attempt per
+    command, bounded by the socket timeouts (a lease holder's renewals, whose caller retries on
+    its own schedule and must learn of a failure in time to stop)."""
+    if urlsplit(url).scheme in SENTINEL_SCHEMES:
+        return connect_sentinel(url, socket_timeout_s=socket_timeout_s, tls=tls, retry=retry)
+    once = {} if retry else {"retry": Retry(NoBackoff(), 0)}
+    return redis.Redis.from_url(
+        url,
+        decode_responses=True,
+        socket_timeout=socket_timeout_s,
+        socket_connect_timeout=min(5.0, socket_timeout_s),
+        health_check_interval=30,
+        **once,
+        **tls_options(url, tls),
+    )
+
+
+def tls_options(url: str, tls: Mapping[str, str] | None) -> dict[str, str]:
+    """The ``tls`` options a client of ``url`` takes: none for a plain URL, and none that the
+    URL's query already sets."""
+    parts = urlsplit(url)
+    if not tls or not parts.scheme.startswith("rediss"):
+        return {}
+    given = parse_qs(parts.query)
+    return {k: v for k, v in tls.items() if k not in given}
+
+
+def parse_sentinel_url(url: str) -> tuple[list[tuple[str, int]], str, int, dict[str, str]]:
+    """(sentinel addresses, service name, db, options) of a ``redis+sentinel://`` URL."""
+    parts = urlsplit(url)
+    hosts = []
+    for item in parts.netloc.rpartition("@")[2].split(","):
+        host, _, port = item.strip().rpartition(":") if ":" in item else (item, "", "")
+        try:
+            hosts.append((host or item.strip(), int(port) if port else SENTINEL_PORT))
+        except ValueError:
+            raise ConfigurationError(f"{mask(url)}: sentinel address {item!r} is not host:port"
+                                     ) from None
+    path = [p for p in parts.path.split("/") if p]
+    if not hosts or not hosts[0][0] or not path:
+        raise ConfigurationError(
+            f"{mask(url)}: a Sentinel URL names the sentinels and the service, e.g. "
+            "redis+sentinel://10.0.0.1:26379,10.0.0.2:26379/mymaster/0")
+    try:
+        db = int(path[1]) if len(path) > 1 else 0
+    except ValueError:
+        raise ConfigurationError(f"{mask(url)}: database {path[1]!r} is not a number") from None
+    options = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    return hosts, path[0], db, options
+
+
+def connect_sentinel(url: str, *, socket_timeout_s: float = 10.0,
+                     tls: Mapping[str, str] | None = None, retry: bool = True) -> redis.Redis:
+    """A client for the current master of a Sentinel-managed service; commands are retried
+    (with backoff) while a failover moves the master, and a demoted master's read-only replies
+    count as a lost connection."""
+    hosts, service, db, options = parse_sentinel_url(url)
+    parts = urlsplit(url)
+    sentinel_password = options.get("sentinel_password")
+    asking: dict[str, Any] = {"socket_timeout": socket_timeout_s,
+                              "socket_connect_timeout": min(5.0, socket_timeout_s)}
+    if sentinel_password:
+        asking["password"] = sentinel_password
+    if not retry:  # one question per sentinel, no backoff between attempts
+        asking["retry"] = Retry(NoBackoff(), 0)
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        hosts, socket_timeout=socket_timeout_s, socket_connect_timeout=min(5.0, socket_timeout_s),
+        sentinel_kwargs=asking)
+    client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+        service, db=db, decode_responses=True,
+        username=unquote(parts.username) if parts.username else None,
+        password=unquote(parts.password) if parts.password else None,
+        ssl=parts.scheme.startswith("rediss"),
+        socket_timeout=socket_timeout_s, socket_connect_timeout=5.0,
+        retry=Retry(ExponentialBackoff(cap=2.0, base=0.1), FAILOVER_RETRIES if retry else 0),
+        retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+        **tls_options(url, tls))
+    follow_switches(sentinel, service, client)
+    return client
+
+
+def follow_switches(sentinel: Sentinel, service: str, client: redis.Redis) -> None:
+    """Drop the client's connections the moment the sentinels announce a new master.
+
+    Until Sentinel demotes the old master, it keeps accepting writes from clients still
+    connected to it (seen here: about 10 s after SENTINEL FAILOVER). Listening for
+    ``+switch-master`` moves this client to the new master within a moment instead, so beat,
+    workers and holders all write to the same server again.
+    """
+
+    def listen() -> None:
+        while True:
+            try:
+                watcher = redis.Redis(host=sentinel.sentinels[0].connection_pool
+                                      .connection_kwargs["host"],
+                                      port=sentinel.sentinels[0].connection_pool
+                                      .connection_kwargs["port"],
+                                      decode_responses=True, socket_timeout=None)
+                pubsub = watcher.pubsub(  # type: ignore[no-untyped-call]
+                    ignore_subscribe_messages=True)
+                pubsub.subscribe("+switch-master")
+                for message in pubsub.listen():
+                    if str(message.get("data", "")).split(" ")[:1] == [service]:
+                        client.connection_pool.disconnect()
+            except redis.RedisError:
+                # That sentinel is gone: try the next one after a pause.
+                sentinel.sentinels.append(sentinel.sentinels.pop(0))
+                time.sleep(1.0)
+
+    threading.Thread(target=listen, name=f"schedproj-sentinel-{service}", daemon=True).start()
+
+
+def mask(url: str) -> str:
+    """The URL with its password replaced, safe for logs and errors."""
+    parts = urlsplit(url)
+    query = re.sub(r"(password=)[^&]*", r"\1***", parts.query)
+    netloc = parts.netloc
+    if parts.password is not None:
+        netloc = f"{parts.username or ''}:***@{netloc.rpartition('@')[2]}"
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and every exception it was raised from or during (kombu wraps redis-py's)."""
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in seen:
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    return seen
+
+
+#: How a plain client's first command ends at a TLS port: the server drops the connection.
+_CLOSED = re.compile(r"reset by peer|closed by server|Connection closed|\b104\b|EOF",
+                     re.IGNORECASE)
+
+
+def _speaks_tls(host: str, port: int, timeout_s: float = 2.0) -> bool:
+    """Whether ``host:port`` completes a TLS handshake (its certificate is not checked: this
+    only tells a TLS port from a plain one)."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as raw, \
+                context.wrap_socket(raw, server_hostname=host):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def _speaks_plain_redis(host: str, port: int, timeout_s: float = 2.0) -> bool:
+    """Whether ``host:port`` answers a plain-text PING as Redis does (``+PONG``, or an error
+    such as ``-NOAUTH``): a plain port named by a ``rediss://`` URL."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as raw:
+            raw.sendall(b"PING\r\n")
+            return raw.recv(64)[:1] in (b"+", b"-")
+    except OSError:
+        return False
+
+
+def describe_failure(url: str, exc: BaseException, setting: str,
+                     ca_setting: str = "SCHEDPROJ_REDIS_SSL_CA_CERTS") -> tuple[str, bool]:
+    """One line for the operator on why connecting to ``url`` failed: the URL masked, the
+    setting that names it, the fix; and whether it is a configuration problem that retrying
+    cannot cure (wrong credentials, an untrusted certificate, TLS on one side only).
+
+    The line never holds the URL's password, even if a library put it in its message."""
+    parts = urlsplit(url)
+    server = "RabbitMQ" if parts.scheme.endswith(("amqp", "amqps", "librabbitmq")) else "Redis"
+    where = f"{server} at {mask(url)} ({setting})"
+    chain = _chain(exc)
+    text = " | ".join(str(e) for e in chain)
+    detail = _first_line(str(exc) or text).rstrip(".")
+    fatal = True
+    if any(isinstance(e, redis.AuthenticationError) for e in chain) or re.search(
+            r"WRONGPASS|NOAUTH|invalid username-password|invalid password|ACCESS_REFUSED", text):
+        line = (f"{where} refused the credentials ({detail}). Fix: correct the user "
+                f"and password in {setting}")
+    elif any(isinstance(e, ssl.SSLCertVerificationError) for e in chain) or \
+            "CERTIFICATE_VERIFY_FAILED" in text:
+        reason = next((e.verify_message for e in chain
+                       if isinstance(e, ssl.SSLCertVerificationError)), "") or "verify failed"
+        line = (f"{where}: the server's TLS certificate is not trusted ({reason}). Fix: set "
+                f"{ca_setting} (or ?ssl_ca_certs= in {setting}) to the CA file that signed it")
+    elif any(isinstance(e, ssl.SSLError) for e in chain) or "WRONG_VERSION_NUMBER" in text:
+        line = (f"{where}: TLS handshake failed ({detail}); the port may not speak "
+                f"TLS. Fix: use redis:// in {setting} for a plain port, rediss:// for a TLS port")
+    elif parts.scheme == "rediss" and parts.hostname and "Timeout" in text and \
+            _speaks_plain_redis(parts.hostname, parts.port or 6379):
+        line = (f"{where}: the port does not speak TLS (a plain Redis answers there) but the "
+                f"URL is rediss://. Fix: use redis:// in {setting}, or the server's tls-port")
+    elif parts.scheme == "redis" and parts.hostname and _CLOSED.search(text) and \
+            _speaks_tls(parts.hostname, parts.port or 6379):
+        line = (f"{where}: the port speaks TLS but the URL is plain redis:// (the server closed "
+                f"the connection). Fix: use rediss:// in {setting}")
+    else:
+        fatal = False
+        line = f"{where}: {detail}"
+    if parts.password:
+        line = line.replace(unquote(parts.password), "***").replace(parts.password, "***")
+    return line, fatal
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else "no answer"

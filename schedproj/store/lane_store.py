@@ -1,0 +1,524 @@
+"""Lane state on Redis: one round trip to load everything a tick needs, guarded writes.
+
+Beat writes only ``<lane>|sched`` fields and only while it holds the beat lock (Lua guard);
+workers write only ``<lane>|run`` fields, atomically with the lease release.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import redis
+
+from schedproj.core import defaults
+from schedproj.core.errors import StateError
+from schedproj.core.records import LaneState, LeaseView, RunRecord, SchedRecord, decode, encode
+from schedproj.store import scripts
+from schedproj.store.lease import parse_lease
+from schedproj.store.protocol import (
+    EPOCH_VERSION,
+    STATE_VERSION,
+    WAKE_LIST_MAX,
+    CounterKind,
+    Keys,
+    counter_field,
+    run_field,
+    sched_field,
+)
+
+#: Most sched records remembered as written (an entry is dropped when read back).
+WRITTEN_MEMO_MAX = 200_000
+
+#: A lease record that cannot be read still means "held": never dispatch heavy work over it.
+UNREADABLE_LEASE = LeaseView(lane="?", token="", fence=0, granted_at=0.0)
+
+
+@dataclass(frozen=True)
+class LockStatus:
+    held: bool
+    fence: int = 0
+    event: str = ""  # acquired | renewed | held
+    holder: str | None = None
+
+
+@dataclass(frozen=True)
+class EpochStatus:
+    """What ``lua/epoch.lua`` said this tick: the state's epoch, the server's clock, and until
+    when no heavy lease may be granted because state may have been lost."""
+
+    id: str
+    server_now_ms: int
+    quarantine_until_ms: int
+    #: Non-empty when this very call detected the loss: ``state-missing`` | ``server-changed``.
+    cause: str = ""
+
+    @property
+    def quarantine_left_s(self) -> float:
+        return max(0.0, (self.quarantine_until_ms - self.server_now_ms) / 1000)
+
+
+#: Before the first snapshot: no quarantine known.
+NO_EPOCH = EpochStatus(id="", server_now_ms=0, quarantine_until_ms=0)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything one tick reads, from a single Redis round trip."""
+
+    lock: LockStatus
+    states: Mapping[str, LaneState]
+    lease: LeaseView | None
+    errors: Mapping[str, str] = field(default_factory=dict)
+    paused: frozenset[str] = frozenset()
+    forced: frozenset[str] = frozenset()
+    epoch: EpochStatus = NO_EPOCH
+    #: The lanes hash as read (field -> raw value), for compare-and-set writes.
+    raw: Mapping[str, str] = field(default_factory=dict)
+    #: An incremental read (:meth:`LaneStore.tick_snapshot`): the lanes read, in order (those
+    #: that changed first), which of them changed, their due-index scores (None: not in the
+    #: index, a removed member), and the index's next look after now (None: none).
+    looked: tuple[str, ...] = ()
+    changed: frozenset[str] = frozenset()
+    scores: Mapping[str, float | None] = field(default_factory=dict)
+    next_look: float | None = None
+
+
+def parse_states(raw: Mapping[str, str], hash_key: str,
+                 memo: dict[tuple[str, str], Any] | None = None,
+                 ) -> tuple[dict[str, LaneState], dict[str, str]]:
+    """Decode the lanes hash. A malformed field marks its lane unreadable (reported, skipped).
+
+    ``memo`` maps (field, raw value) to its decoded record across calls: most records do not
+    change between two ticks, and decoding thousands of them every tick dominated its cost.
+    It is rebuilt to hold exactly this call's fields, so it never grows past the lane count.
+    """
+    runs: dict[str, RunRecord] = {}
+    scheds: dict[str, SchedRecord] = {}
+    errors: dict[str, str] = {}
+    previous = dict(memo) if memo is not None else {}
+    if memo is not None:
+        memo.clear()
+    for fld, value in raw.items():
+        known = previous.get((fld, value))
+        if known is not None:
+            lane = fld.rpartition("|")[0]
+            (runs if isinstance(known, RunRecord) else scheds)[lane] = known
+            if memo is not None:
+                memo[(fld, value)] = known
+            continue
+        lane, sep, part = fld.rpartition("|")
+        where = f"{hash_key} field {fld!r}"
+        if not sep or part not in ("run", "sched"):
+            errors[fld] = f"unexpected field {fld!r} in {hash_key}"
+            continue
+        try:
+            record: RunRecord | SchedRecord
+            if part == "run":
+                record = runs[lane] = decode(RunRecord, value, where)
+            else:
+                record = scheds[lane] = decode(SchedRecord, value, where)
+        except StateError as exc:
+            errors[lane] = str(exc)
+            continue
+        if memo is not None:
+            memo[(fld, value)] = record
+    states = {
+        lane: LaneState(run=runs.get(lane, RunRecord()), sched=scheds.get(lane, SchedRecord()))
+        for lane in set(runs) | set(scheds)
+        if lane not in errors
+    }
+    return states, errors
+
+
+class LaneStore:
+    """Reads and writes lane state, the wake list and scheduling errors."""
+
+    def __init__(self, client: redis.Redis, keys: Keys,
+                 audit_client: redis.Redis | None = None) -> None:
+        self.client = client
+        self.keys = keys
+        self.audit_client = audit_client or client
+        self._decoded: dict[tuple[str, str], Any] = {}
+        #: What this store last wrote to each sched field (raw, record), so reading it back
+        #: unchanged costs no decoding (bounded by :data:`WRITTEN_MEMO_MAX`).
+        self._written: dict[str, tuple[str, SchedRecord]] = {}
+        self._lock = scripts.register(client, "beat_lock")
+        self._unlock = scripts.register(client, "beat_unlock")
+        self._guarded_hset = scripts.register(client, "guarded_hset")
+        self._finish = scripts.register(client, "run_finish")
+        self._skipped = scripts.register(client, "run_mark_skipped")
+        self._epoch = scripts.register(client, "epoch")
+        self._epoch_fresh = scripts.register(client, "epoch_fresh")
+        self._cas = scripts.register(client, "run_cas")
+        self._mark_lost = scripts.register(client, "run_mark_lost")
+        self._tick_read = scripts.register(client, "tick_read")
+
+    def snapshot(self, beat_token: str, lock_ttl_s: float,
+                 quarantine_s: float = 0.0) -> Snapshot:
+        """Renew (or try to take) the beat lock, check the state's epoch (starting a
+        quarantine of ``quarantine_s`` if Redis lost state) and read all state: one round
+        trip."""
+        try:
+            replies = self._snapshot_pipeline(beat_token, lock_ttl_s, quarantine_s)
+        except redis.exceptions.NoScriptError:
+            # First use on this server (or after SCRIPT FLUSH / a restart): load, then retry.
+            self.client.script_load(self._lock.script)
+            self.client.script_load(self._epoch.script)
+            replies = self._snapshot_pipeline(beat_token, lock_ttl_s, quarantine_s)
+        lock_reply, epoch_reply, raw_states, raw_lease, paused, forced = replies
+        epoch = EpochStatus(id=str(epoch_reply[0]), server_now_ms=int(epoch_reply[1]),
+                            quarantine_until_ms=int(epoch_reply[2]), cause=str(epoch_reply[3]))
+        ok, value, event = lock_reply
+        lock = (LockStatus(held=True, fence=int(value), event=str(event)) if int(ok) == 1
+                else LockStatus(held=False, holder=str(value), event=str(event)))
+        states, errors = parse_states(raw_states, self.keys.lanes, self._decoded)
+        try:
+            lease = parse_lease(raw_lease, self.keys.lease)
+        except StateError as exc:
+            errors["<lease>"] = str(exc)
+            lease = UNREADABLE_LEASE
+        return Snapshot(lock=lock, states=states, lease=lease, errors=errors,
+                        paused=frozenset(paused), forced=frozenset(forced), epoch=epoch,
+                        raw=raw_states)
+
+    def _snapshot_pipeline(self, beat_token: str, lock_ttl_s: float,
+                           quarantine_s: float) -> list[Any]:
+        # EVALSHA directly: a pipeline holding a registered Script first sends its own
+        # SCRIPT EXISTS, which would cost a second round trip on every tick.
+        pipe = self.client.pipeline(transaction=False)
+        pipe.evalsha(self._lock.sha, 2, self.keys.beat_lock, self.keys.beat_fence,
+                     beat_token, int(lock_ttl_s * 1000))
+        pipe.evalsha(self._epoch.sha, 2, self.keys.epoch, self.keys.beat_fence,
+                     int(quarantine_s * 1000), uuid.uuid4().hex, EPOCH_VERSION)
+        pipe.hgetall(self.keys.lanes)
+        pipe.get(self.keys.lease)
+        pipe.smembers(self.keys.paused)
+        pipe.smembers(self.keys.run_now)
+        return pipe.execute()
+
+    def tick_snapshot(self, beat_token: str, lock_ttl_s: float, quarantine_s: float, *,
+                      cursor: float | None, now: float, always: Sequence[str] = ()) -> Snapshot:
+        """Renew the beat lock, check the epoch and read what changed: the lanes marked
+        changed since the last call and those whose next look in the due index lies in
+        (``cursor``, ``now``] (every due lane when ``cursor`` is None), plus ``always``. One
+        round trip, costing what changed: O(log N) when nothing did."""
+        args = [beat_token, "-inf" if cursor is None else repr(cursor), repr(now), *always]
+        try:
+            replies = self._tick_pipeline(beat_token, lock_ttl_s, quarantine_s, args)
+        except redis.exceptions.NoScriptError:
+            for script in (self._lock, self._epoch, self._tick_read):
+                self.client.script_load(script.script)
+            replies = self._tick_pipeline(beat_token, lock_ttl_s, quarantine_s, args)
+        lock_reply, epoch_reply, read = replies
+        epoch = EpochStatus(id=str(epoch_reply[0]), server_now_ms=int(epoch_reply[1]),
+                            quarantine_until_ms=int(epoch_reply[2]), cause=str(epoch_reply[3]))
+        ok, value, event = lock_reply
+        lock = (LockStatus(held=True, fence=int(value), event=str(event)) if int(ok) == 1
+                else LockStatus(held=False, holder=str(value), event=str(event)))
+        if int(read[0]) != 1:
+            return Snapshot(lock=replace(lock, held=False) if lock.held else lock, states={},
+                            lease=None, epoch=epoch)
+        return self._parse_tick(lock, epoch, read)
+
+    def _tick_pipeline(self, beat_token: str, lock_ttl_s: float, quarantine_s: float,
+                       args: list[str]) -> list[Any]:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.evalsha(self._lock.sha, 2, self.keys.beat_lock, self.keys.beat_fence,
+                     beat_token, int(lock_ttl_s * 1000))
+        pipe.evalsha(self._epoch.sha, 2, self.keys.epoch, self.keys.beat_fence,
+                     int(quarantine_s * 1000), uuid.uuid4().hex, EPOCH_VERSION)
+        k = self.keys
+        pipe.evalsha(self._tick_read.sha, 7, k.beat_lock, k.due, k.changed, k.lanes, k.lease,
+                     k.paused, k.run_now, *args)
+        return pipe.execute()
+
+    def _parse_tick(self, lock: LockStatus, epoch: EpochStatus, read: list[Any]) -> Snapshot:
+        _, names, n_changed, values, scores, nxt, raw_lease, paused, forced = read
+        raw: dict[str, str] = {}
+        for i, lane in enumerate(names):
+            for part, value in (("run", values[2 * i]), ("sched", values[2 * i + 1])):
+                if value is not None:
+                    raw[f"{lane}|{part}"] = value
+        # Records this beat wrote and reads back unchanged need no decoding.
+        written = self._written
+        memo: dict[tuple[str, str], Any] = {}
+        for fld, value in raw.items():
+            hit = written.pop(fld, None)
+            if hit is not None and hit[0] == value:
+                memo[(fld, value)] = hit[1]
+        states, errors = parse_states(raw, self.keys.lanes, memo)
+        looked = tuple(str(n) for n in names)
+        empty = LaneState()
+        full = {lane: states.get(lane, empty) for lane in looked if lane not in errors}
+        try:
+            lease = parse_lease(raw_lease or None, self.keys.lease)
+        except StateError as exc:
+            errors["<lease>"] = str(exc)
+            lease = UNREADABLE_LEASE
+        return Snapshot(lock=lock, states=full, lease=lease, errors=errors,
+                        paused=frozenset(paused), forced=frozenset(forced), epoch=epoch,
+                        raw=raw, looked=looked, changed=frozenset(looked[:int(n_changed)]),
+                        scores={lane: (float(sc) if sc not in ("", None) else None)
+                                for lane, sc in zip(looked, scores, strict=True)},
+                        next_look=float(nxt) if nxt not in ("", None) else None)
+
+    def ensure_indexed(self, lanes: Sequence[str]) -> None:
+        """Put lanes missing from the due index in it, due for a look now (a beat's first
+        tick: lanes declared since, or a deployment from before the index)."""
+        for i in range(0, len(lanes), 1000):
+            chunk = lanes[i:i + 1000]
+            if chunk:
+                self.client.zadd(self.keys.due, dict.fromkeys(chunk, 0.0), nx=True)
+
+    def touch(self, lanes: Sequence[str], *, look_now: bool = False) -> None:
+        """Mark lanes changed for beat (and, with ``look_now``, due for a look now): for
+        anything that writes lane state outside schedproj's own scripts."""
+        if not lanes:
+            return
+        pipe = self.client.pipeline(transaction=True)
+        pipe.sadd(self.keys.changed, *lanes)
+        if look_now:
+            pipe.zadd(self.keys.due, dict.fromkeys(lanes, 0.0), xx=True)
+        pipe.execute()
+
+    def pause(self, lane: str) -> None:
+        pipe = self.client.pipeline(transaction=True)
+        pipe.sadd(self.keys.paused, lane)
+        pipe.sadd(self.keys.changed, lane)
+        pipe.execute()
+
+    def resume(self, lane: str) -> int:
+        """Resume a paused lane (it is looked at again at once); 1 if it was paused."""
+        pipe = self.client.pipeline(transaction=True)
+        pipe.srem(self.keys.paused, lane)
+        pipe.sadd(self.keys.changed, lane)
+        pipe.zadd(self.keys.due, {lane: 0.0}, xx=True)
+        return int(pipe.execute()[0])
+
+    def run_now(self, lane: str) -> None:
+        pipe = self.client.pipeline(transaction=True)
+        pipe.sadd(self.keys.run_now, lane)
+        pipe.sadd(self.keys.changed, lane)
+        pipe.zadd(self.keys.due, {lane: 0.0}, xx=True)
+        pipe.execute()
+
+    def renew(self, beat_token: str, lock_ttl_s: float) -> bool:
+        """Extend the beat lock this beat holds (mid-tick, when a tick runs long). False if
+        it is no longer held by this beat (expired or taken: the tick must stop)."""
+        ok, _, event = self._lock(keys=[self.keys.beat_lock, self.keys.beat_fence],
+                                  args=[beat_token, int(lock_ttl_s * 1000)])
+        if int(ok) == 1 and str(event) != "renewed":
+            # It had expired and was taken afresh under a new fence: this tick's messages
+            # carry the old one. Give it back; the next tick starts over.
+            self.unlock(beat_token)
+            return False
+        return int(ok) == 1
+
+    def unlock(self, beat_token: str) -> bool:
+        return int(self._unlock(keys=[self.keys.beat_lock], args=[beat_token])) == 1
+
+    def write_sched(self, beat_token: str, records: Mapping[str, SchedRecord],
+                    looks: Mapping[str, float] | None = None) -> bool:
+        """Write beat-owned records and due-index scores (``looks``: lane -> next look)
+        together; False (nothing written) if this beat lost the lock."""
+        if not records and not looks:
+            return True
+        args: list[str] = [beat_token, str(len(records))]
+        if len(self._written) > WRITTEN_MEMO_MAX:
+            self._written.clear()
+        for lane, record in records.items():
+            fld, raw = sched_field(lane), encode(record)
+            args += [fld, raw]
+            self._written[fld] = (raw, record)
+        for lane, look in (looks or {}).items():
+            args += [lane, repr(float(look))]
+        n = self._guarded_hset(keys=[self.keys.beat_lock, self.keys.lanes, self.keys.due],
+                               args=args)
+        return int(n) >= 0
+
+    def clear_inflight(self, beat_token: str, lane: str) -> None:
+        """Forget a dispatch whose message never left, so the lane is due again next tick."""
+        raw = self.client.hget(self.keys.lanes, sched_field(lane))
+        if raw is None:
+            return
+        record = decode(SchedRecord, raw, f"{self.keys.lanes} field {sched_field(lane)!r}")
+        self.write_sched(beat_token, {lane: replace(record, inflight_task_id=None,
+                                                    inflight_deadline=None)})
+
+    def declare_fresh(self) -> bool:
+        """Declare this state new (nothing ever ran on it), so no quarantine is needed before
+        the first grant. Refused (False) once any lane state, a lease or an epoch (a beat
+        ran: after an empty restart it holds the quarantine) exists."""
+        done = self._epoch_fresh(keys=[self.keys.epoch, self.keys.lanes, self.keys.lease],
+                                 args=[uuid.uuid4().hex, EPOCH_VERSION])
+        return int(done) == 1
+
+    def state_uncertain(self) -> bool:
+        """May Redis have lost state a moment ago? True while the epoch record is missing or
+        unreadable, names another server process, or is in its quarantine (the checks of
+        ``lua/lease_acquire.lua``): what a record says then may predate the loss."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.get(self.keys.epoch)
+        pipe.info("server")
+        pipe.time()
+        raw, info, (secs, micros) = pipe.execute()
+        try:
+            epoch = json.loads(raw) if raw else None
+        except ValueError:
+            return True
+        if not isinstance(epoch, dict) or not isinstance(epoch.get("quarantine_until"),
+                                                         int | float):
+            return True
+        if epoch.get("run_id") != info.get("run_id"):
+            return True
+        return bool(secs * 1000 + micros // 1000 < epoch["quarantine_until"])
+
+    def read_run_raw(self, lane: str) -> tuple[str | None, RunRecord]:
+        """The run record as stored (for a compare-and-set) and decoded."""
+        raw = self.client.hget(self.keys.lanes, run_field(lane))
+        if raw is None:
+            return None, RunRecord()
+        text = raw if isinstance(raw, str) else raw.decode()
+        return text, decode(RunRecord, text, f"{self.keys.lanes} field {run_field(lane)!r}")
+
+    def cas_run(self, lane: str, expected: str | None, record: RunRecord, *,
+                dispatch: tuple[str, int] | None = None,
+                mark_ttl_s: float | None = None) -> tuple[bool, str]:
+        """Write ``record`` if the stored one is still ``expected`` (None: absent). With
+        ``dispatch`` (task id, beat fence) also only if that message is its lane's current
+        dispatch from the current beat. With ``mark_ttl_s`` the record's ``running_until``
+        is set to Redis's clock plus that TTL. Returns (written, reason refused)."""
+        task_id, beat_fence = dispatch if dispatch is not None else ("", None)
+        code, reason = self._cas(
+            keys=[self.keys.lanes, self.keys.beat_fence, self.keys.changed, self.keys.epoch],
+            args=[run_field(lane), expected or "", encode(record),
+                  sched_field(lane) if dispatch is not None else "", task_id,
+                  "" if beat_fence is None else str(beat_fence), lane,
+                  "" if mark_ttl_s is None else str(int(mark_ttl_s * 1000))])
+        return int(code) == 1, str(reason)
+
+    def mark_lost(self, lane: str, expected: str, record: RunRecord, *, task_id: str,
+                  heavy: bool) -> bool:
+        """Record a run lost (compare and set on ``expected``; for a heavy run only while no
+        lease names it). True if recorded."""
+        done = self._mark_lost(keys=[self.keys.lanes, self.keys.lease, self.keys.changed,
+                                     self.keys.due, self.keys.epoch],
+                               args=[run_field(lane), expected, encode(record), task_id,
+                                     "1" if heavy else "0", lane])
+        return int(done) == 1
+
+    def read_run(self, lane: str) -> RunRecord:
+        raw = self.client.hget(self.keys.lanes, run_field(lane))
+        if raw is None:
+            return RunRecord()
+        return decode(RunRecord, raw, f"{self.keys.lanes} field {run_field(lane)!r}")
+
+    def put_back_runs(self, records: Mapping[str, RunRecord]) -> int:
+        """Write run records where none exists (after Redis lost state: a run that re-asserted
+        its record first keeps it), put the lanes in the due index for a look now and mark them
+        changed. Returns how many were written."""
+        written = 0
+        items = list(records.items())
+        for i in range(0, len(items), 1000):
+            chunk = items[i:i + 1000]
+            pipe = self.client.pipeline(transaction=False)
+            for lane, record in chunk:
+                pipe.hsetnx(self.keys.lanes, run_field(lane), encode(record))
+            pipe.zadd(self.keys.due, {lane: 0.0 for lane, _ in chunk}, nx=True)
+            pipe.sadd(self.keys.changed, *(lane for lane, _ in chunk))
+            written += sum(int(x) for x in pipe.execute()[:len(chunk)])
+        return written
+
+    def write_run(self, lane: str, record: RunRecord) -> None:
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hset(self.keys.lanes, run_field(lane), encode(record))
+        pipe.sadd(self.keys.changed, lane)
+        pipe.execute()
+
+    def finish(self, lane: str, record: RunRecord, *, token: str, fence: int,
+               wake_message: str, write: bool = True, due_at: float | None = None,
+               member: bool = False) -> tuple[bool, int]:
+        """Record the outcome (unless ``write`` is False: the stored record is unreadable and
+        must stay untouched), move the lane's due time in the due index to ``due_at``,
+        release the lease (if ``token``), mark the lane changed and wake beat. Atomic."""
+        released, written = self._finish(
+            keys=[self.keys.lease, self.keys.lanes, self.keys.wake, self.keys.due,
+                  self.keys.changed],
+            args=[token, run_field(lane), encode(record), fence, wake_message,
+                  "1" if write else "0", STATE_VERSION, WAKE_LIST_MAX,
+                  "" if due_at is None else repr(float(due_at)), lane,
+                  "1" if member else "0"],
+        )
+        return int(released) == 1, int(written)
+
+    def mark_skipped(self, lane: str, reason: str, *, wake_message: str,
+                     task_id: str = "") -> bool:
+        """Record a refused message's outcome without touching the rest of the run record;
+        with ``task_id``, that message's dispatch ends (it no longer holds its lane)."""
+        done = self._skipped(keys=[self.keys.lanes, self.keys.wake, self.keys.changed],
+                             args=[run_field(lane), reason, wake_message, STATE_VERSION,
+                                   WAKE_LIST_MAX, lane, task_id])
+        return int(done) == 1
+
+    def wake(self, message: str) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.lpush(self.keys.wake, message)
+        pipe.ltrim(self.keys.wake, 0, WAKE_LIST_MAX - 1)
+        pipe.execute()
+
+    def wait_for_wake(self, timeout_s: float) -> bool:
+        """Block until a run finishes or ``timeout_s`` passes; True if woken."""
+        if timeout_s <= 0:
+            return False
+        # Never block longer than the client's socket timeout, or an idle wait reads as an
+        # outage.
+        limit = self.client.connection_pool.connection_kwargs.get("socket_timeout") or 10.0
+        woke = self.client.blpop([self.keys.wake], timeout=min(timeout_s, float(limit) - 1.0))
+        if woke is not None:
+            # Several runs may have finished; one tick handles them all.
+            self.client.delete(self.keys.wake)
+        return woke is not None
+
+    def record_error(self, lane: str, message: str) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hset(self.keys.errors, lane, message)
+        pipe.hincrby(self.keys.counters, counter_field(CounterKind.ERRORS, lane), 1)
+        pipe.execute()
+
+    def log(self, key: str, entry: Mapping[str, Any]) -> None:
+        """Append to a bounded audit list (the journal or the dispatch log)."""
+        self.log_many(key, [entry])
+
+    def log_many(self, key: str, entries: Sequence[Mapping[str, Any]]) -> None:
+        """Append several entries in one round trip."""
+        if not entries:
+            return
+        pipe = self.audit_client.pipeline(transaction=False)
+        pipe.rpush(key, *(json.dumps(e, separators=(",", ":")) for e in entries))
+        pipe.ltrim(key, -defaults.AUDIT_LOG_LEN, -1)
+        pipe.execute()
+
+    def count_many(self, amounts: Mapping[str, int]) -> None:
+        """Bump several durable counters in one round trip."""
+        if not amounts:
+            return
+        pipe = self.client.pipeline(transaction=False)
+        for name, amount in amounts.items():
+            pipe.hincrby(self.keys.counters, name, amount)
+        pipe.execute()
+
+    def count(self, name: str, amount: int = 1) -> None:
+        """Bump a durable counter (exported by beat's metrics)."""
+        self.client.hincrby(self.keys.counters, name, amount)
+
+    def done_forcing(self, lanes: list[str]) -> None:
+        if lanes:
+            self.client.srem(self.keys.run_now, *lanes)
+
+    def clear_errors(self, lanes: list[str]) -> None:
+        if lanes:
+            self.client.hdel(self.keys.errors, *lanes)

@@ -1,0 +1,164 @@
+"""The one fleet-wide heavy lease, on Redis.
+
+Granted with ``SET NX PX`` and a fencing number that only ever increases; started, renewed and
+released by compare-and-set on the owner token (Lua), never blindly. The TTL is short and
+renewed while a run holds the lease, so a killed holder frees it in seconds; renewal stops at
+the maximum hold, the backstop for a run that never yields.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+
+import redis
+
+from schedproj.core.records import LeaseView, decode, encode
+from schedproj.store import scripts
+from schedproj.store.protocol import LEASE_ACQUISITIONS, STATE_VERSION, Keys
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who runs under a lease: enough for a worker restarted on the same node to prove its
+    predecessor dead (same host and node name, that process gone)."""
+
+    host: str
+    pid: int
+    node: str
+
+
+#: No holder identity (tests and operator tools).
+NO_HOLDER = Holder(host="", pid=0, node="")
+
+
+@dataclass(frozen=True)
+class Grant:
+    """The answer to an acquisition: ``fence`` when granted, else who holds it."""
+
+    granted: bool
+    fence: int = 0
+    holder: str | None = None
+    not_active_beat: bool = False
+    #: Refused because Redis may have lost state (see ``lua/epoch.lua``): seconds the
+    #: quarantine still lasts, or -1.0 when the epoch is not established yet.
+    quarantine_s: float | None = None
+
+
+class Renewal(tuple[bool, str]):
+    """A renewal's answer: the pair (renewed, reason) it always was — so ``ok, reason =
+    lease.renew(...)`` and comparisons with ``(True, '')`` keep working — plus ``pressure``,
+    the raw ``current`` field of the pressure hash (``core.pressure.decode`` reads it), None
+    when beat published none or the renewal failed."""
+
+    pressure: str | None
+
+    def __new__(cls, ok: bool, reason: str, pressure: str | None = None) -> Renewal:
+        self = super().__new__(cls, (ok, reason))
+        self.pressure = pressure
+        return self
+
+    @property
+    def ok(self) -> bool:
+        return self[0]
+
+    @property
+    def reason(self) -> str:
+        return self[1]
+
+
+class HeavyLease:
+    """Operations on the heavy lease for one key prefix."""
+
+    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+        self.client = client
+        self.keys = keys
+        self._acquire = scripts.register(client, "lease_acquire")
+        self._start = scripts.register(client, "lease_start")
+        self._renew = scripts.register(client, "lease_renew")
+        self._release = scripts.register(client, "lease_release")
+
+    def acquire(self, lane: str, token: str, ttl_s: float, now: float, *, task_id: str = "",
+                beat_token: str = "") -> Grant:
+        """Grant the lease to ``lane`` unless held; with ``beat_token`` only for the active
+        beat."""
+        code, value = self._acquire(
+            keys=[self.keys.lease, self.keys.lease_fence, self.keys.beat_lock,
+                  self.keys.counters, self.keys.epoch],
+            args=[token, lane, _ms(ttl_s), repr(now), task_id, beat_token, int(now * 1000),
+                  STATE_VERSION, LEASE_ACQUISITIONS],
+        )
+        if int(code) == 1:
+            return Grant(granted=True, fence=int(value))
+        if int(code) == -1:
+            return Grant(granted=False, not_active_beat=True)
+        if int(code) == -2:
+            left = float(value)
+            return Grant(granted=False, quarantine_s=left / 1000 if left >= 0 else -1.0)
+        return Grant(granted=False, holder=str(value))
+
+    def start(self, token: str, ttl_s: float, now: float, *, beat_fence: int | None = None,
+              holder: Holder = NO_HOLDER) -> tuple[bool, int | str]:
+        """Mark the run started under ``token``: (True, fence) or (False, reason). Refused
+        (reason ``stale-beat``, and the lease freed) when ``beat_fence`` is not the current
+        beat's: the message comes from a beat that has lost its lock. Workers always pass
+        the fence their message carries; None (no check) is for tests and operator tools.
+        Also refused, the lease left alone, while Redis may have lost state (``epoch-unknown``,
+        ``server-changed``, ``quarantine``) and for a grant from before a loss
+        (``stale-epoch``): see ``lua/lease_start.lua``."""
+        code, value = self._start(
+            keys=[self.keys.lease, self.keys.beat_fence, self.keys.epoch],
+            args=[token, _ms(ttl_s), repr(now), "" if beat_fence is None else str(beat_fence),
+                  holder.host, holder.pid, holder.node])
+        return (True, int(value)) if int(code) == 1 else (False, str(value))
+
+    def renew(self, token: str, ttl_s: float, now: float, max_hold_s: float, *,
+              reassert: LeaseView | None = None) -> Renewal:
+        """Extend the lease by ``ttl_s``: (True, ''), or with ``reassert`` (the
+        holder's own lease) put it back if it vanished and no newer lease was granted since:
+        (True, 'reasserted') - also over a lease another holder with a lower fence
+        re-asserted first while state may be lost; else (False, 'lost' | 'max-hold'). The
+        reply also carries the pressure beat last published (:attr:`Renewal.pressure`), read
+        in the same call."""
+        # Marked re-asserted: a newer holder may take a re-asserted lease back (see the script).
+        record = encode(replace(reassert, reasserted=True)) if reassert is not None else ""
+        fence = reassert.fence if reassert is not None else 0
+        started = (reassert.started_at or reassert.granted_at) if reassert is not None else 0.0
+        reply = self._renew(
+            keys=[self.keys.lease, self.keys.lease_fence, self.keys.pressure, self.keys.epoch],
+            args=[token, _ms(ttl_s), repr(now), repr(max_hold_s), record, fence, repr(started)],
+        )
+        pressure = reply[2] if len(reply) > 2 else None
+        return Renewal(int(reply[0]) == 1, str(reply[1]),
+                       None if pressure is None else str(pressure))
+
+    def release(self, token: str) -> bool:
+        return int(self._release(keys=[self.keys.lease], args=[token])) == 1
+
+    def read(self) -> LeaseView | None:
+        raw = self.client.get(self.keys.lease)
+        return parse_lease(raw if raw is None else str(raw), self.keys.lease)
+
+    def current_fence(self) -> int:
+        return int(self.client.get(self.keys.lease_fence) or 0)
+
+
+def parse_lease(raw: str | None, key: str) -> LeaseView | None:
+    """Decode the lease record (written by Lua, so numbers may come back as floats)."""
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw)
+        if isinstance(data, dict) and isinstance(data.get("fence"), float):
+            data["fence"] = int(data["fence"])
+        raw = json.dumps(data)
+    except ValueError:
+        pass
+    return decode(LeaseView, raw, key)
+
+
+__all__ = ["Grant", "HeavyLease", "Holder", "Renewal", "parse_lease"]

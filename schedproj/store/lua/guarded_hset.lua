@@ -1,0 +1,18 @@
+-- Write beat-owned lane fields and the due index together, only while the caller holds the
+-- beat lock, so a beat that lost the lock cannot write. KEYS[1] lock, KEYS[2] lanes hash,
+-- KEYS[3] due index. ARGV[1] beat token, ARGV[2] number of field/value pairs, then the pairs,
+-- then lane/score pairs for the due index (a lane no longer in the index, a removed family
+-- member, is not put back). Returns fields written, or -1 if not the holder.
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
+local pairs_n = tonumber(ARGV[2])
+local n = 0
+for i = 3, 2 + 2 * pairs_n, 2 do
+  redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
+  n = n + 1
+end
+for i = 3 + 2 * pairs_n, #ARGV, 2 do
+  if redis.call('ZSCORE', KEYS[3], ARGV[i]) then
+    redis.call('ZADD', KEYS[3], ARGV[i + 1], ARGV[i])
+  end
+end
+return n

@@ -1,0 +1,58 @@
+-- Grant the heavy lease if nobody holds it, with a new fencing number.
+-- KEYS[1] lease, KEYS[2] fence counter, KEYS[3] beat lock (guard), KEYS[4] counters hash,
+-- KEYS[5] epoch record (see epoch.lua)
+-- ARGV[1] token, ARGV[2] lane, ARGV[3] ttl ms, ARGV[4] now (s), ARGV[5] task id,
+-- ARGV[6] beat token ('' = no guard: only for tests and operator tools), ARGV[7] beat's now
+-- (ms; not used: see below),
+-- ARGV[8] record format version, ARGV[9] name of the grants counter field
+-- Each fence is at least the server's clock (TIME) in milliseconds, so fences keep
+-- increasing even after Redis lost everything (a restart without persistence): a writer
+-- holding a fence from before the loss can never outrank the holders that come after it. Never
+-- from a beat host's clock: one running ahead would seed fences that a later beat (after the
+-- next loss) could not reach, fencing the legitimate holder out in favour of an old one.
+-- No lease is granted while the epoch says state may have been lost (missing, another server
+-- process, or within its quarantine): an earlier holder may still be running. The grant is
+-- stamped with the epoch's generation: lease_start.lua starts it only in that generation.
+-- Returns {1, fence} granted, {0, holder lane} held, {-1, ''} caller is not the active beat,
+-- {-2, ms left} quarantine (or epoch not established: run epoch.lua first).
+if ARGV[6] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[6] then
+  return {-1, ''}
+end
+local raw_epoch = redis.call('GET', KEYS[5])
+if not raw_epoch then return {-2, -1} end
+local eok, epoch = pcall(cjson.decode, raw_epoch)
+if not eok or type(epoch) ~= 'table' or type(epoch.quarantine_until) ~= 'number' then
+  return {-2, -1}
+end
+local t = redis.call('TIME')
+local server_now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or '?'
+if epoch.run_id ~= run_id then return {-2, -1} end
+if server_now < epoch.quarantine_until then
+  return {-2, epoch.quarantine_until - server_now}
+end
+local current = redis.call('GET', KEYS[1])
+if current then
+  local ok, rec = pcall(cjson.decode, current)
+  if ok and type(rec) == 'table' and rec.lane then
+    return {0, tostring(rec.lane)}
+  end
+  return {0, '?'}
+end
+-- Never below the server's clock either: a failover to a replica that lacks the last grants
+-- (or a restart from an old snapshot) brings back an older counter, which would hand out
+-- fences already used before the loss.
+local counter = redis.call('GET', KEYS[2])
+local previous = 0
+if counter then
+  previous = tonumber(counter)
+  -- Garbage is refused (and reported by the caller), never silently replaced.
+  if not previous then return redis.error_reply('ERR value is not an integer or out of range') end
+end
+local fence = math.max(previous + 1, server_now)
+redis.call('SET', KEYS[2], string.format('%d', fence))
+redis.call('HINCRBY', KEYS[4], ARGV[9], 1)
+local rec = {v = tonumber(ARGV[8]), lane = ARGV[2], token = ARGV[1], fence = fence,
+             granted_at = tonumber(ARGV[4]), task_id = ARGV[5], epoch = epoch.gen}
+redis.call('SET', KEYS[1], cjson.encode(rec), 'PX', ARGV[3])
+return {1, fence}

@@ -1,0 +1,199 @@
+"""The Redis protocol, defined once: every key name (built from one prefix), every field of
+the counters hash, the limits and the record format versions that Python and the Lua scripts
+share. Both sides of the wire import from here; the Lua scripts get these values as arguments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from schedproj.core.defaults import STATE_VERSION
+from schedproj.core.laneset import REGISTRY_VERSION
+from schedproj.core.pressure import PRESSURE_VERSION
+
+#: Format version of the watchdog's alarm latch (``<prefix>:watchdog``).
+WATCHDOG_VERSION = 1
+#: Format version of the epoch record (``<prefix>:epoch``), which detects state loss.
+EPOCH_VERSION = 1
+#: The wake list never holds more than this many entries: one wake-up is as good as many.
+WAKE_LIST_MAX = 64
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Key names under one prefix. ``Keys("schedproj").lease == "schedproj:lease"``."""
+
+    prefix: str
+
+    @property
+    def lanes(self) -> str:
+        """Hash: field ``<lane>|run`` (written by workers), ``<lane>|sched`` (written by beat)."""
+        return f"{self.prefix}:lanes"
+
+    @property
+    def lease(self) -> str:
+        """String (JSON): the heavy lease record, with a Redis TTL."""
+        return f"{self.prefix}:lease"
+
+    @property
+    def epoch(self) -> str:
+        """String (JSON): which Redis server process holds this state, and the quarantine after
+        it was lost (see ``lua/epoch.lua``). No TTL."""
+        return f"{self.prefix}:epoch"
+
+    @property
+    def pressure(self) -> str:
+        """Hash: ``current`` (JSON, ``core.pressure.encode``: the waiting heavy lane beat saw
+        pressing on the lease at its last tick; the holder reads it in its renewal reply),
+        ``last-yield`` (JSON: the last run that yielded to pressure), ``yields`` (integer:
+        pressure yields so far)."""
+        return f"{self.prefix}:pressure"
+
+    @property
+    def lease_fence(self) -> str:
+        """Integer: the fencing counter, incremented on every lease grant. Never decreases."""
+        return f"{self.prefix}:lease:fence"
+
+    @property
+    def beat_lock(self) -> str:
+        """String (JSON): the single-active-beat lock, with a Redis TTL."""
+        return f"{self.prefix}:beat:lock"
+
+    @property
+    def beat_fence(self) -> str:
+        """Integer: incremented each time a beat takes the lock."""
+        return f"{self.prefix}:beat:fence"
+
+    @property
+    def wake(self) -> str:
+        """List: a finishing run pushes here; the active beat blocks on it between ticks."""
+        return f"{self.prefix}:wake"
+
+    @property
+    def beat_info(self) -> str:
+        """Hash: who the active beat is (token, host, pid, since), for operators."""
+        return f"{self.prefix}:beat:info"
+
+    @property
+    def published_lanes(self) -> str:
+        """String (JSON): the lanes beat schedules, so status works without the app's code.
+        (The key is still spelled ``registry``, as deployments already store it.)"""
+        return f"{self.prefix}:registry"
+
+    @property
+    def paused(self) -> str:
+        """Set: lanes an operator paused (never dispatched until resumed)."""
+        return f"{self.prefix}:paused"
+
+    @property
+    def run_now(self) -> str:
+        """Set: lanes an operator asked to run now (due at once; still through the lease)."""
+        return f"{self.prefix}:run-now"
+
+    @property
+    def watchdog(self) -> str:
+        """String (JSON): the starvation watchdog's posture and alarm latch."""
+        return f"{self.prefix}:watchdog"
+
+    @property
+    def counters(self) -> str:
+        """Hash: durable event counters (``deferrals|<reason>``, ``yields|<lane>``, ...)."""
+        return f"{self.prefix}:counters"
+
+    @property
+    def journal(self) -> str:
+        """List (JSON): run starts and ends with their fencing numbers, for the audit."""
+        return f"{self.prefix}:journal"
+
+    @property
+    def dispatch_log(self) -> str:
+        """List (JSON): every message beat sent (lane, task id, fence), for the audit."""
+        return f"{self.prefix}:dispatch-log"
+
+    @property
+    def due(self) -> str:
+        """Sorted set: lane -> when beat must next look at it (epoch seconds; ``inf``: only a
+        change will make it due). Written atomically with every record that moves it (see
+        ``core.dueindex``); a family member is in it exactly while it is a member."""
+        return f"{self.prefix}:due"
+
+    @property
+    def changed(self) -> str:
+        """Set: lanes whose records, pause or run-now changed since the active beat last read
+        it (it empties the set as it reads it)."""
+        return f"{self.prefix}:changed"
+
+    @property
+    def families(self) -> str:
+        """Set: names of the lane families that have (or had) members."""
+        return f"{self.prefix}:families"
+
+    def family(self, name: str) -> str:
+        """Set: the member keys of lane family ``name``."""
+        return f"{self.prefix}:family:{name}"
+
+    @property
+    def errors(self) -> str:
+        """Hash: lane -> last scheduling error (due-check raised, malformed state)."""
+        return f"{self.prefix}:errors"
+
+
+def run_field(lane: str) -> str:
+    return f"{lane}|run"
+
+
+def sched_field(lane: str) -> str:
+    return f"{lane}|sched"
+
+
+class CounterKind(StrEnum):
+    """The families of fields in the counters hash: ``<kind>|<label>``."""
+
+    #: Deferral streaks begun, labelled by reason.
+    DEFERRALS = "deferrals"
+    #: Heavy runs that yielded at a checkpoint, by lane.
+    YIELDS = "yields"
+    #: Messages refused (stale, forged or missing token), by lane.
+    SKIPS = "skips"
+    #: Scheduling errors (a due-check raised, unreadable state), by lane.
+    ERRORS = "errors"
+    #: Runs that started and whose lease or in-flight mark lapsed with no end, by lane.
+    LOST = "lost"
+
+
+#: The unlabelled counter of heavy lease grants (bumped by ``lease_acquire.lua``).
+LEASE_ACQUISITIONS = "lease_acquisitions"
+
+
+def counter_field(kind: CounterKind, label: str) -> str:
+    """The counters-hash field of one labelled counter, e.g. ``yields|summary``."""
+    return f"{kind.value}|{label}"
+
+
+def parse_counter_field(name: str) -> tuple[CounterKind, str] | None:
+    """(kind, label) of a labelled counter field; None for anything else."""
+    kind, sep, label = name.partition("|")
+    if not sep:
+        return None
+    try:
+        return CounterKind(kind), label
+    except ValueError:
+        return None
+
+
+__all__ = [
+    "EPOCH_VERSION",
+    "LEASE_ACQUISITIONS",
+    "PRESSURE_VERSION",
+    "REGISTRY_VERSION",
+    "STATE_VERSION",
+    "WAKE_LIST_MAX",
+    "WATCHDOG_VERSION",
+    "CounterKind",
+    "Keys",
+    "counter_field",
+    "parse_counter_field",
+    "run_field",
+    "sched_field",
+]

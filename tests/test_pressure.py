@@ -1,0 +1,157 @@
+"""Pressure-aware yielding (issue 14): the pure rule, what beat measures, and the simulator's
+figures on mixed cadences. No Redis, no clock: every instant is given."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from schedproj.core.errors import StateError
+from schedproj.core.lanes import Gate, LaneKind, LaneSpec
+from schedproj.core.pipeline import decide
+from schedproj.core.pressure import (
+    HOLD_CAP,
+    PRESSURE,
+    Pressure,
+    PressureRule,
+    decode,
+    encode,
+    measure,
+    yield_reason,
+)
+from schedproj.core.records import LaneState, LeaseView, RunRecord
+from schedproj.sim import compare, forensic
+from schedproj.sim.cli import simulate as simulate_cmd
+from schedproj.sim.mixed import configs, mixed_lanes, mixed_sweep
+from schedproj.sim.trace import parse_trace, scenario_to_trace
+
+RULE = PressureRule(target_ratio=2.0, min_hold_s=10.0)
+
+
+def press(*, last: float | None = 0.0, cadence: float = 60.0, p0: bool = False,
+          fence: int = 7) -> Pressure:
+    return Pressure(lane="short", cadence_s=cadence, last_run_at=last, priority0=p0,
+                    fence=fence, at=0.0)
+
+
+def test_the_hold_cap_yields_whatever_the_pressure() -> None:
+    assert yield_reason(held_s=1800, hold_cap_s=1800, pressure=None, rule=None,
+                        now=0) == HOLD_CAP
+    assert yield_reason(held_s=1799, hold_cap_s=1800, pressure=None, rule=RULE,
+                        now=0) is None
+
+
+def test_pressure_yields_once_the_ratio_reaches_the_target_after_the_minimum_hold() -> None:
+    p = press(last=0.0, cadence=60.0)
+    # Ratio 2.0 at t = 120: the target; before it, or before the minimum hold, nothing.
+    assert yield_reason(held_s=30, hold_cap_s=1800, pressure=p, rule=RULE, now=119) is None
+    assert yield_reason(held_s=30, hold_cap_s=1800, pressure=p, rule=RULE, now=120) == PRESSURE
+    assert yield_reason(held_s=9, hold_cap_s=1800, pressure=p, rule=RULE, now=500) is None
+    # Off: never for pressure.
+    assert yield_reason(held_s=30, hold_cap_s=1800, pressure=p, rule=None, now=500) is None
+
+
+def test_priority0_and_never_run_press_at_once_and_other_holds_do_not() -> None:
+    assert yield_reason(held_s=10, hold_cap_s=None, pressure=press(p0=True, last=99.0),
+                        rule=RULE, now=100) == PRESSURE
+    assert yield_reason(held_s=10, hold_cap_s=None, pressure=press(last=None), rule=RULE,
+                        now=1) == PRESSURE
+    assert yield_reason(held_s=60, hold_cap_s=None, pressure=press(fence=3), rule=RULE,
+                        now=500, fence=4) is None
+
+
+def _spec(name: str, cadence: float, order: int, **kw: object) -> LaneSpec:
+    return LaneSpec(name=name, task_name=name, kind=LaneKind.HEAVY, cadence_s=cadence,
+                    order=order, **kw)  # type: ignore[arg-type]
+
+
+def test_measure_names_the_lane_the_picker_would_choose_and_skips_gated_lanes() -> None:
+    lanes = [_spec("long", 86400, 1), _spec("a", 60, 2), _spec("b", 600, 3),
+             _spec("gated", 60, 4, gates=(Gate("long"),))]
+    states = {"long": LaneState(run=RunRecord(last_run_at=0.0, backlog=50)),
+              "a": LaneState(run=RunRecord(last_run_at=0.0)),
+              "b": LaneState(run=RunRecord(last_run_at=-1200.0)),
+              "gated": LaneState(run=RunRecord(last_run_at=-6000.0))}
+    lease = LeaseView(lane="long", token="t", fence=5, granted_at=0.0, started_at=0.0)
+    now = 240.0
+    decision = decide(lanes, states, lease, now)
+    p = measure(decision, states, lease, now)
+    # a: ratio 4; b: (240 + 1200)/600 = 2.4; gated (ratio 100) waits on long anyway.
+    assert p is not None and (p.lane, p.fence, p.last_run_at) == ("a", 5, 0.0)
+    assert p.ratio(now) == pytest.approx(4.0)
+    assert measure(decide(lanes, states, None, now), states, None, now) is None
+
+
+def test_the_published_record_round_trips_and_garbage_is_reported() -> None:
+    p = press(last=None)
+    assert decode(encode(p), "k") == p
+    assert decode(encode(None), "k") is None and decode(None, "k") is None
+    with pytest.raises(StateError, match="k"):
+        decode('{"v": 1, "lane": "x"}', "k")
+    with pytest.raises(StateError):
+        decode("nope", "k")
+
+
+# -- the simulator ------------------------------------------------------------------------------
+
+def test_mixed_sets_span_the_range_and_carry_the_requested_demand() -> None:
+    s = mixed_lanes(0.9, seed=3, index=1)
+    cadences = [m.spec.cadence_s for m in s.lanes]
+    assert all(60 <= c <= 86400 for c in cadences)
+    per_period = {m.name: m.run_s + m.item_s * next(a.items for a in s.arrivals
+                                                     if a.lane == m.name) for m in s.lanes}
+    assert sum(per_period[m.name] / m.spec.cadence_s for m in s.lanes) == pytest.approx(0.9)
+    assert s == mixed_lanes(0.9, seed=3, index=1)  # deterministic
+
+
+def test_pressure_keeps_mixed_cadences_fresh_with_fewer_yields_than_a_short_cap() -> None:
+    sw = mixed_sweep([0.9], seed=1, sets=2, jobs=1)
+    rows = {r["config"]: r for r in sw.rows()}
+    new, old, short = rows["pressure"], rows["cap-1800s"], rows["cap-120s"]
+    assert new["start_ratio_max"] <= 2.5 and new["max_ratio_max"] <= 2.5
+    assert old["max_ratio_max"] > 2 * new["max_ratio_max"]
+    assert new["pressure_yields"] + new["cap_yields"] < short["cap_yields"]
+    assert new["idle_yields"] == 0
+
+
+def test_forensic_with_pressure_still_drains_near_the_bound() -> None:
+    c = compare(forensic(horizon_s=8 * 3600).with_(pressure=PressureRule()), seed=1)
+    m = c.get("staleness+pass")
+    assert m.drained and m.drain_over_lb is not None and m.drain_over_lb <= 1.05
+    assert m.falsifier == 0
+    # The legacy variants model the original system: no pressure yields there.
+    assert all(y[2] != PRESSURE for y in c.runs["registry+pass"].yields)
+
+
+def test_trace_form_carries_the_pressure_rule_and_arrivals() -> None:
+    s = mixed_lanes(0.5, seed=2, pressure=PressureRule(1.5, 10.0)).with_(horizon_s=7200.0)
+    again = parse_trace(json.dumps(scenario_to_trace(s)))
+    assert again.pressure == s.pressure and again.arrivals == s.arrivals
+    assert [m.spec.cadence_s for m in again.lanes] == [m.spec.cadence_s for m in s.lanes]
+
+
+def test_configs_compare_pressure_the_cap_alone_a_short_cap_and_legacy() -> None:
+    assert [c.label for c in configs()] == ["pressure", "cap-1800s", "cap-120s", "legacy"]
+
+
+def test_cli_mixed_and_spread_random(tmp_path: Path) -> None:
+    runner = CliRunner()
+    out = runner.invoke(simulate_cmd, ["--scenario", "mixed", "--H", "0.5", "--sets", "1",
+                                       "--horizon", "6h", "--json", "--jobs", "1",
+                                       "--dump-trace", str(tmp_path / "m.json")])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.stdout)
+    assert {r["config"] for r in data["rows"]} == {c.label for c in configs()}
+    assert json.loads((tmp_path / "m.json").read_text())["pressure"]["target_ratio"] == 1.5
+    out = runner.invoke(simulate_cmd, ["--scenario", "random", "--H", "0.5", "--sets", "1",
+                                       "--cadence-range", "1m:2h", "--horizon", "4h",
+                                       "--jobs", "1", "--json"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output)["params"]["cadence_range"] == [60.0, 7200.0]
+    bad = runner.invoke(simulate_cmd, ["--scenario", "mixed", "--cadence-range", "2h:1m"])
+    assert bad.exit_code != 0 and "LOW is above HIGH" in bad.output
+    assert math.isfinite(data["rows"][0]["busy_fraction_mean"])
