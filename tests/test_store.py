@@ -241,6 +241,21 @@ def test_snapshot_is_one_network_round_trip(
     assert len(wire.sent) == 1, f"round trips: {wire.verbs()}"
 
 
+def test_the_incremental_tick_read_is_one_script_call(
+    store: LaneStore, client: redis.Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Lock renewal, epoch check and the read of what changed are one EVALSHA (tick.lua), not
+    a pipeline of three: an idle tick costs Redis one script invocation."""
+    _fill_lanes(client, keys, 50)
+    beat = token()
+    store.tick_snapshot(beat, LONG_TTL, 0.0, cursor=None, now=time.time())  # warm
+    wire = _Wire(monkeypatch, client)
+    snap = store.tick_snapshot(beat, LONG_TTL, 0.0, cursor=time.time() - 1, now=time.time())
+    assert snap.lock.held and snap.lock.event == "renewed" and snap.epoch.cause == ""
+    assert wire.verbs() == ["EVALSHA"], f"round trips: {wire.verbs()}"
+    assert wire.sent[0].count(b"EVALSHA") == 1
+
+
 # -- guarded beat writes -----------------------------------------------------------------------
 
 

@@ -155,7 +155,7 @@ class LaneStore:
         self._epoch_fresh = scripts.register(client, "epoch_fresh")
         self._cas = scripts.register(client, "run_cas")
         self._mark_lost = scripts.register(client, "run_mark_lost")
-        self._tick_read = scripts.register(client, "tick_read")
+        self._tick = scripts.register(client, "tick")
 
     def snapshot(self, beat_token: str, lock_ttl_s: float,
                  quarantine_s: float = 0.0) -> Snapshot:
@@ -206,14 +206,14 @@ class LaneStore:
         changed since the last call and those whose next look in the due index lies in
         (``cursor``, ``now``] (every due lane when ``cursor`` is None), plus ``always``. One
         round trip, costing what changed: O(log N) when nothing did."""
-        args = [beat_token, "-inf" if cursor is None else repr(cursor), repr(now), *always]
-        try:
-            replies = self._tick_pipeline(beat_token, lock_ttl_s, quarantine_s, args)
-        except redis.exceptions.NoScriptError:
-            for script in (self._lock, self._epoch, self._tick_read):
-                self.client.script_load(script.script)
-            replies = self._tick_pipeline(beat_token, lock_ttl_s, quarantine_s, args)
-        lock_reply, epoch_reply, read = replies
+        k = self.keys
+        keys = [k.beat_lock, k.beat_fence, k.epoch, k.due, k.changed, k.lanes, k.lease,
+                k.paused, k.run_now]
+        args = [beat_token, int(lock_ttl_s * 1000), int(quarantine_s * 1000), uuid.uuid4().hex,
+                EPOCH_VERSION, "-inf" if cursor is None else repr(cursor), repr(now), *always]
+        # One script call: tick.lua renews the lock, checks the epoch and reads (redis-py's
+        # Script loads it on a NoScriptError and retries).
+        lock_reply, epoch_reply, read = self._tick(keys=keys, args=args)
         epoch = EpochStatus(id=str(epoch_reply[0]), server_now_ms=int(epoch_reply[1]),
                             quarantine_until_ms=int(epoch_reply[2]), cause=str(epoch_reply[3]))
         ok, value, event = lock_reply
@@ -223,18 +223,6 @@ class LaneStore:
             return Snapshot(lock=replace(lock, held=False) if lock.held else lock, states={},
                             lease=None, epoch=epoch)
         return self._parse_tick(lock, epoch, read)
-
-    def _tick_pipeline(self, beat_token: str, lock_ttl_s: float, quarantine_s: float,
-                       args: list[str]) -> list[Any]:
-        pipe = self.client.pipeline(transaction=False)
-        pipe.evalsha(self._lock.sha, 2, self.keys.beat_lock, self.keys.beat_fence,
-                     beat_token, int(lock_ttl_s * 1000))
-        pipe.evalsha(self._epoch.sha, 2, self.keys.epoch, self.keys.beat_fence,
-                     int(quarantine_s * 1000), uuid.uuid4().hex, EPOCH_VERSION)
-        k = self.keys
-        pipe.evalsha(self._tick_read.sha, 7, k.beat_lock, k.due, k.changed, k.lanes, k.lease,
-                     k.paused, k.run_now, *args)
-        return pipe.execute()
 
     def _parse_tick(self, lock: LockStatus, epoch: EpochStatus, read: list[Any]) -> Snapshot:
         _, names, n_changed, values, scores, nxt, raw_lease, paused, forced = read
