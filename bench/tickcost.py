@@ -26,6 +26,7 @@ import gc
 import json
 import logging
 import pstats
+import statistics
 import sys
 import tempfile
 import time
@@ -429,17 +430,60 @@ def redbeat_reset(sched: Any, client: redis.Redis, n: int, last_run_at: datetime
     pipe.execute()
 
 
-def run_redbeat(url: str, n: int, reps: int, due_reps: int, result: dict[str, Any]) -> None:
-    if redbeat_schedulers is None:
-        result["skipped"] = "celery-redbeat is not installed (pip install celery-redbeat)"
-        return
-    client = redis.Redis.from_url(url, decode_responses=True)
+def redbeat_app(url: str, n: int) -> Celery:
     app = peer_app(url, "bench-redbeat", n)
     app.conf.redbeat_redis_url = url
     app.conf.redbeat_key_prefix = "tc-redbeat:"
     # Its lock outlives the longest tick measured (sending 100,000 due entries takes longer
     # than the default of five loop intervals), as FairScheduler's does.
     app.conf.redbeat_lock_timeout = int(BEAT_LOCK_TTL_S)
+    return app
+
+
+def redbeat_idle(app: Celery, client: redis.Redis, n: int) -> tuple[Any, list[int]]:
+    """A RedBeatScheduler holding its lock with nothing due, after two warm-up ticks."""
+    sched = redbeat_schedulers.RedBeatScheduler(app=app)
+    # What `celery beat` does at start (beat_init): take redbeat's lock, extended every tick.
+    redbeat_schedulers.acquire_distributed_beat_lock(sender=SimpleNamespace(scheduler=sched))
+    sent = noop_sends(sched)
+    now = datetime.now(UTC)
+    redbeat_reset(sched, client, n, now, now.timestamp() + CADENCE_S)
+    for _ in range(2):
+        sched.tick()
+    return sched, sent
+
+
+def run_pair(url: str, n: int, reps: int, result: dict[str, Any]) -> None:
+    """Idle ticks of FairScheduler and celery-redbeat at the same N, in one process and
+    interleaved (fair, redbeat, fair, ...): both see the same moments of a shared, noisy
+    machine, so their ratio does not drift with the load the way two runs minutes apart do."""
+    if redbeat_schedulers is None:
+        result["skipped"] = "celery-redbeat is not installed (pip install celery-redbeat)"
+        return
+    client = redis.Redis.from_url(url, decode_responses=True)
+    fair = fair_idle(url, n, 1, {"memory": {}}, False, "family")
+    fair_sent = noop_sends(fair)
+    peer, peer_sent = redbeat_idle(redbeat_app(url, n), client, n)
+    fair_ms: list[float] = []
+    peer_ms: list[float] = []
+    for _ in range(reps):
+        fair_ms.append(timed(fair.tick)[0] * 1000)
+        peer_ms.append(timed(peer.tick)[0] * 1000)
+    assert fair_sent[0] == 0 and peer_sent[0] == 0, "an idle tick sent messages"
+    result["idle_pair"] = {"reps": reps, "fair_ms": summary(fair_ms, 1.0, 3),
+                           "redbeat_ms": summary(peer_ms, 1.0, 3),
+                           "ratio": round(statistics.median(fair_ms)
+                                          / statistics.median(peer_ms), 3)}
+    fair.close()
+    peer.close()
+
+
+def run_redbeat(url: str, n: int, reps: int, due_reps: int, result: dict[str, Any]) -> None:
+    if redbeat_schedulers is None:
+        result["skipped"] = "celery-redbeat is not installed (pip install celery-redbeat)"
+        return
+    client = redis.Redis.from_url(url, decode_responses=True)
+    app = redbeat_app(url, n)
     result["memory"]["app_kib"] = proc_kib("VmRSS")
     start = time.perf_counter()
     sched = redbeat_schedulers.RedBeatScheduler(app=app)
@@ -531,7 +575,9 @@ def read_memory(result: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scheduler", required=True, choices=["fair", "redbeat", "persistent"])
+    parser.add_argument("--scheduler", required=True,
+                        choices=["fair", "redbeat", "persistent", "pair"],
+                        help="pair: fair's and redbeat's idle ticks interleaved in one process")
     parser.add_argument("--lanes", type=int, required=True)
     parser.add_argument("--redis", required=True)
     parser.add_argument("--reps", type=int, default=30, help="idle ticks timed")
@@ -553,6 +599,8 @@ def main(argv: list[str] | None = None) -> int:
         run_fair(args.redis, args.lanes, args.reps, args.due_reps, result, args.profile,
                  args.declare)
         result["declare"] = args.declare
+    elif args.scheduler == "pair":
+        run_pair(args.redis, args.lanes, args.reps, result)
     elif args.scheduler == "redbeat":
         run_redbeat(args.redis, args.lanes, args.reps, args.due_reps, result)
     else:

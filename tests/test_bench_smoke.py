@@ -93,7 +93,11 @@ def test_tick_cost_figures(smoke: tuple[dict[str, Any], str]) -> None:
         number(row["fair"], "redis_bytes_per_lane")
         number(row["ratios"], "idle_fair_over_persistent")
         if "redbeat" in peers:
+            number(row["pair"], "idle_pair", "fair_ms", "median")
+            number(row["pair"], "idle_pair", "redbeat_ms", "median")
+            assert row["ratios"]["idle_fair_over_redbeat"] == row["pair"]["idle_pair"]["ratio"]
             number(row["ratios"], "idle_fair_over_redbeat")
+            number(row["ratios"], "idle_fair_over_redbeat_separate_runs")
             number(row["ratios"], "per_entry_fair_over_redbeat")
         else:
             assert "skipped" in row["redbeat"]
