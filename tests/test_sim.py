@@ -474,3 +474,22 @@ def test_the_family_scenario_reports_members_and_the_rem_chain() -> None:
     assert set(report.rem) >= {"summary", "dream", "memory-summary-backfill"}
     assert set(report.verdicts()) == {"rem_chain_drained", "member_max_ratio_at_most_2.5",
                                       "jain_members_at_least_0.95"}
+
+
+def test_the_family_scenario_yields_to_pressure_as_beat_does_by_default() -> None:
+    """Beat yields to pressure by default, so the family scenario does: with it the members
+    stay far less stale while the REM chain's backlog drains than with the hold cap alone."""
+    from schedproj.sim.engine import simulate
+    from schedproj.sim.families import MAX_RATIO_GOAL, family_rem, family_report
+    from schedproj.sim.metrics import summarize
+    from schedproj.sim.model import Variant
+
+    reports = {}
+    for name, kwargs in (("default", {}), ("hold cap alone", {"pressure": None})):
+        s = family_rem(members=100, h=0.9, horizon_s=8 * 3600.0, **kwargs)
+        run = simulate(s, Variant.parse("staleness+pass"), 1)
+        reports[name] = family_report(summarize(run), run)
+    assert family_rem(members=10).pressure is not None
+    assert reports["default"].rem_drained
+    assert reports["default"].member_max_ratio <= MAX_RATIO_GOAL
+    assert reports["hold cap alone"].member_max_ratio > MAX_RATIO_GOAL

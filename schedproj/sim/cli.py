@@ -108,8 +108,8 @@ def _variant_labels() -> list[str]:
                    "1m:24h).")
 @click.option("--pressure/--no-pressure", default=None,
               help="Pressure-aware yielding on forensic, random and trace scenarios (default "
-                   "off there, as the reference outputs were made; mixed always compares "
-                   "both).")
+                   "off there, as the reference outputs were made; on in family, as beat "
+                   "runs by default; mixed always compares both).")
 @click.option("--pressure-target", type=click.FloatRange(min=0, min_open=True), default=None,
               metavar="RATIO", help="Pressure: a waiting lane this stale makes the holder "
                                     "yield (default 1.5; implies --pressure).")
@@ -152,7 +152,12 @@ def simulate(scenario: str, trace_path: Path | None, hs: tuple[str, ...], seed: 
         raise click.UsageError("--cadence-range applies to --scenario random or mixed")
     try:
         if scenario == "family":
-            _family(members, _demands(hs), seed, horizon, tick, as_json)
+            # The family scenario judges the fleet as deployed: pressure-aware yielding is on
+            # by default in beat (SCHEDPROJ_PRESSURE_YIELD), so it is on here unless
+            # --no-pressure asks for the hold cap alone.
+            family_rule = (None if pressure is False
+                           else rule if rule is not None else _rule(True, None, None))
+            _family(members, _demands(hs), seed, horizon, tick, as_json, family_rule)
             return
         if scenario == "mixed":
             _mixed(_demands(hs), seed, horizon, tick, hold_cap, sets, cadence_range, rule,
@@ -173,7 +178,7 @@ def simulate(scenario: str, trace_path: Path | None, hs: tuple[str, ...], seed: 
 
 
 def _family(members: int, hs: list[float], seed: int, horizon: float | None,
-            tick: float | None, as_json: bool) -> None:
+            tick: float | None, as_json: bool, rule: Any = None) -> None:
     """The family scenario, staleness picker with the second pass: its metrics and the
     family's report (members' maximal ratios, Jain over members, the REM chain drained)."""
     from dataclasses import asdict
@@ -185,19 +190,24 @@ def _family(members: int, hs: list[float], seed: int, horizon: float | None,
 
     if len(hs) > 1:
         raise click.UsageError("--scenario family takes one --H")
-    s = family_rem(members, hs[0] if hs else 0.9)
+    s = family_rem(members, hs[0] if hs else 0.9, pressure=rule)
     s = s.with_(**_overrides(horizon, tick, None, False))
     simulated = run(s, Variant.parse("staleness+pass"), seed)
     metrics = summarize(simulated)
     report = family_report(metrics, simulated)
     out = {"scenario": s.name, "description": s.description, "params": s.params,
+           "pressure": None if rule is None else {"target_ratio": rule.target_ratio,
+                                                  "min_hold_s": rule.min_hold_s},
            "seed": seed, "horizon_s": s.horizon_s, "family": asdict(report),
            "verdicts": report.verdicts(),
            "metrics": {k: v for k, v in metrics.as_dict().items() if k != "lanes"}}
     if as_json:
         click.echo(json.dumps(json_dict(out), indent=2))
         return
-    click.echo(f"{s.description}\nhorizon {s.horizon_s / 3600:g} h, seed {seed}")
+    yielding = ("hold cap alone" if rule is None else
+                f"pressure-aware yielding (target {rule.target_ratio:g}, "
+                f"min hold {rule.min_hold_s:g} s)")
+    click.echo(f"{s.description}\nhorizon {s.horizon_s / 3600:g} h, seed {seed}, {yielding}")
     fairness = "-" if report.jain_members is None else f"{report.jain_members:.4f}"
     click.echo(f"REM chain drained: {report.rem_drained}; members {report.members}: maximal "
                f"staleness ratio {report.member_max_ratio:.2f} ({report.worst_member}), "

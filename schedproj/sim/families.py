@@ -5,7 +5,8 @@ REM chain, in virtual time, through the very planner beat runs.
 backlog included) and a ``tenant-repo-sync`` family whose members each run ``run_s`` every
 ``cadence_s`` (the original's 30 minutes, jitter 20 %), with ``run_s`` chosen so that the heavy
 demand of the members plus the REM lanes' steady demand is ``H``. Members' last runs are spread
-over one cadence by key (a deployment in steady state). The report says whether the REM chain
+over one cadence by key (a deployment in steady state). Pressure-aware yielding is on, as in
+beat by default (``--no-pressure``: the hold cap alone). The report says whether the REM chain
 drained, every member's maximal staleness ratio, and Jain's index over the members.
 """
 
@@ -17,6 +18,7 @@ from typing import Any
 from schedproj.core import defaults
 from schedproj.core.families import jitter_unit, member_spec
 from schedproj.core.lanes import LaneKind, LaneSpec
+from schedproj.core.pressure import PressureRule
 from schedproj.sim.engine import SimRun
 from schedproj.sim.metrics import Metrics, jain, ratio_max
 from schedproj.sim.model import LaneModel, Scenario
@@ -26,6 +28,8 @@ FAMILY = "tenant-repo-sync"
 #: The original's per-repository cadence and jitter (DESIGN.md section 4).
 CADENCE_S = 30 * 60.0
 JITTER = 0.2
+#: Beat's default pressure rule (``SCHEDPROJ_PRESSURE_YIELD`` is on by default).
+DEFAULT_PRESSURE = PressureRule()
 #: Goals of the issue: every member's maximal staleness ratio, Jain's index over members.
 MAX_RATIO_GOAL = 2.5
 JAIN_GOAL = 0.95
@@ -40,8 +44,12 @@ def rem_demand(lanes: tuple[LaneModel, ...]) -> float:
 
 def family_rem(members: int = 1000, h: float = 0.9, *, horizon_s: float = 24 * HOUR,
                cadence_s: float = CADENCE_S, jitter: float = JITTER,
-               tick_s: float = defaults.BEAT_MAX_LOOP_INTERVAL_S) -> Scenario:
-    """The REM chain plus a heavy family of ``members`` members at total heavy demand ``h``."""
+               tick_s: float = defaults.BEAT_MAX_LOOP_INTERVAL_S,
+               pressure: PressureRule | None = DEFAULT_PRESSURE) -> Scenario:
+    """The REM chain plus a heavy family of ``members`` members at total heavy demand ``h``.
+
+    ``pressure`` defaults to the rule beat runs by default (``SCHEDPROJ_PRESSURE_YIELD`` is on):
+    the scenario judges the fleet as deployed. None: the hold cap alone, for comparison."""
     rem = forensic(horizon_s=horizon_s, tick_s=tick_s)
     share = h - rem_demand(rem.lanes)
     if members < 1 or share <= 0:
@@ -55,7 +63,7 @@ def family_rem(members: int = 1000, h: float = 0.9, *, horizon_s: float = 24 * H
                   last_run_ago_s=max(1.0, jitter_unit(FAMILY, key) * cadence_s))
         for key in (f"repo-{i:05d}" for i in range(members)))
     return replace(
-        rem, name=f"family-{members}-H{h:g}", lanes=rem.lanes + family,
+        rem, name=f"family-{members}-H{h:g}", lanes=rem.lanes + family, pressure=pressure,
         description=f"the REM chain (forensic backlog) and {members} members of {FAMILY} "
                     f"({run_s:.2f} s every {cadence_s:g} s, jitter {jitter:g}) at H = {h:g}",
         params={**rem.params, "members": members, "H": h, "member_run_s": run_s,
