@@ -493,3 +493,16 @@ def test_the_family_scenario_yields_to_pressure_as_beat_does_by_default() -> Non
     assert reports["default"].rem_drained
     assert reports["default"].member_max_ratio <= MAX_RATIO_GOAL
     assert reports["hold cap alone"].member_max_ratio > MAX_RATIO_GOAL
+
+
+def test_a_long_simulation_reports_its_progress() -> None:
+    from schedproj.sim.engine import simulate
+    from schedproj.sim.families import family_rem
+    from schedproj.sim.model import Variant
+
+    seen: list[tuple[float, float]] = []
+    s = family_rem(members=10, h=0.9, horizon_s=2 * 3600.0)
+    simulate(s, Variant.parse("staleness+pass"), 1, lambda done, h: seen.append((done, h)))
+    done = [d for d, _ in seen]
+    assert len(done) >= 15 and done == sorted(done)
+    assert all(h == s.horizon_s and 0 < d <= h for d, h in seen)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -192,7 +193,16 @@ def _family(members: int, hs: list[float], seed: int, horizon: float | None,
         raise click.UsageError("--scenario family takes one --H")
     s = family_rem(members, hs[0] if hs else 0.9, pressure=rule)
     s = s.with_(**_overrides(horizon, tick, None, False))
-    simulated = run(s, Variant.parse("staleness+pass"), seed)
+    started = time.monotonic()
+
+    def progress(done_s: float, horizon_s: float) -> None:
+        # Minutes of CPU for a 1,000-member day: say how far it got (stderr: --json stays
+        # clean on stdout).
+        click.echo(f"simulated {done_s / 3600:.1f} of {horizon_s / 3600:g} virtual hours "
+                   f"({100 * done_s / horizon_s:.0f} %) in {time.monotonic() - started:.0f} s",
+                   err=True)
+
+    simulated = run(s, Variant.parse("staleness+pass"), seed, progress)
     metrics = summarize(simulated)
     report = family_report(metrics, simulated)
     out = {"scenario": s.name, "description": s.description, "params": s.params,

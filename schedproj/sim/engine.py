@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -315,10 +315,17 @@ class Simulation:
         return t
 
     # -- main loop ------------------------------------------------------------------------------
-    def run(self) -> SimRun:
+    def run(self, progress: Callable[[float, float], None] | None = None) -> SimRun:
+        """Simulate to the horizon. ``progress(virtual seconds done, horizon)`` is called
+        about every 5 % of the horizon, for runs long enough to want it."""
         horizon = self.s.horizon_s
+        step = horizon / 20
+        next_report = step
         self._decide(0.0)
         while True:
+            if progress is not None and self.last_decision >= next_report:
+                progress(self.last_decision, horizon)
+                next_report = (self.last_decision // step + 1) * step
             t_ev = self.heap[0][0] if self.heap else math.inf
             t_poll = self._next_poll()
             if min(t_ev, t_poll) > horizon:
@@ -675,9 +682,11 @@ class Simulation:
                 self.idle_due_s += max(0.0, horizon - max(self.lease_free_since, min(dues)))
 
 
-def simulate(scenario: Scenario, variant: Variant, seed: int | str = 1) -> SimRun:
-    """Run one scenario under one variant. Deterministic for a given seed."""
-    return Simulation(scenario, variant, seed).run()
+def simulate(scenario: Scenario, variant: Variant, seed: int | str = 1,
+             progress: Callable[[float, float], None] | None = None) -> SimRun:
+    """Run one scenario under one variant. Deterministic for a given seed; ``progress`` as
+    in :meth:`Simulation.run`."""
+    return Simulation(scenario, variant, seed).run(progress)
 
 
 def run_many(scenario: Scenario, variants: tuple[Variant, ...], seed: int | str = 1
