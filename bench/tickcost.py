@@ -21,6 +21,7 @@ Scenarios, in this order (memory is read after the idle ticks, before any large 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import ctypes
 import gc
@@ -567,10 +568,8 @@ def release_freed_memory() -> None:
     """Hand memory the process freed back to the OS (glibc's ``malloc_trim``), so RSS
     counts what the scheduler keeps, not what its set-up once used (the 100,000-lane set-up
     peaks near 500 MiB; without this the same code read 34 to 62 MiB from run to run)."""
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: RSS is read as it is
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: RSS is read as it is
-        pass
 
 
 def settled_rss_kib() -> int:
