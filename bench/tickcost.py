@@ -442,9 +442,14 @@ def redbeat_app(url: str, n: int) -> Celery:
     return app
 
 
-def redbeat_idle(app: Celery, client: redis.Redis, n: int) -> tuple[Any, list[int]]:
-    """A RedBeatScheduler holding its lock with nothing due, after two warm-up ticks."""
+def redbeat_idle(app: Celery, client: redis.Redis, n: int,
+                 result: dict[str, Any] | None = None) -> tuple[Any, list[int]]:
+    """A RedBeatScheduler holding its lock with nothing due, after two warm-up ticks (its
+    construction time in ``result["setup_s"]`` when given)."""
+    start = time.perf_counter()
     sched = redbeat_schedulers.RedBeatScheduler(app=app)
+    if result is not None:
+        result["setup_s"] = round(time.perf_counter() - start, 3)
     # What `celery beat` does at start (beat_init): take redbeat's lock, extended every tick.
     redbeat_schedulers.acquire_distributed_beat_lock(sender=SimpleNamespace(scheduler=sched))
     sent = noop_sends(sched)
@@ -487,16 +492,7 @@ def run_redbeat(url: str, n: int, reps: int, due_reps: int, result: dict[str, An
     client = redis.Redis.from_url(url, decode_responses=True)
     app = redbeat_app(url, n)
     result["memory"]["app_kib"] = settled_rss_kib()
-    start = time.perf_counter()
-    sched = redbeat_schedulers.RedBeatScheduler(app=app)
-    result["setup_s"] = round(time.perf_counter() - start, 3)
-    # What `celery beat` does at start (beat_init): take redbeat's lock, extended every tick.
-    redbeat_schedulers.acquire_distributed_beat_lock(sender=SimpleNamespace(scheduler=sched))
-    sent = noop_sends(sched)
-    now = datetime.now(UTC)
-    redbeat_reset(sched, client, n, now, now.timestamp() + CADENCE_S)
-    for _ in range(2):
-        sched.tick()
+    sched, sent = redbeat_idle(app, client, n, result)
     samples = [timed(sched.tick)[:2] for _ in range(reps)]
     assert sent[0] == 0, f"an idle tick sent {sent[0]} messages"
     result["idle"] = tick_stats(samples)
