@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import io
 import itertools
 import json
@@ -39,6 +40,8 @@ from typing import Any
 import pytest
 import redis
 
+from schedproj.devtools import processes
+
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "deploy" / "grafana" / "schedproj.json"
 COMPOSE_FILES = [ROOT / "compose" / "docker-compose.yml",
@@ -55,16 +58,8 @@ PREFIX = "schedproj"
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 
-def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str,
-             poll_s: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(poll_s)
+#: The project's polling helper, at a pace that suits `docker inspect` and HTTP probes.
+wait_for: Callable[..., Any] = functools.partial(processes.wait_for, poll_s=0.1)
 
 
 def run(args: list[str], *, env: dict[str, str] | None = None, timeout: float = 120,
