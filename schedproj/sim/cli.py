@@ -156,8 +156,9 @@ def simulate(scenario: str, trace_path: Path | None, hs: tuple[str, ...], seed: 
             # The family scenario judges the fleet as deployed: pressure-aware yielding is on
             # by default in beat (SCHEDPROJ_PRESSURE_YIELD), so it is on here unless
             # --no-pressure asks for the hold cap alone.
-            family_rule = (None if pressure is False
-                           else rule if rule is not None else _rule(True, None, None))
+            from schedproj.sim.families import DEFAULT_PRESSURE
+
+            family_rule = None if pressure is False else rule or DEFAULT_PRESSURE
             _family(members, _demands(hs), seed, horizon, tick, as_json, family_rule)
             return
         if scenario == "mixed":
