@@ -159,6 +159,34 @@ def test_a_run_that_ended_or_was_followed_is_never_recorded_lost(
     sched.close()
 
 
+def test_a_normal_hand_off_is_judged_on_the_record_the_tick_read(
+        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis,  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run that ended marked its lane changed (as run_finish.lua does), so the tick that
+    finds its lease gone already read its record: no second read, and nothing lost."""
+    keys = Keys(key_prefix)
+    sched = FairScheduler(app=build(key_prefix, heavy_only))
+    sched.tick()
+    lease = start_granted_run(redis_client, keys)
+    sched.tick()
+    ended = RunRecord(last_run_at=time.time(), last_outcome=Outcome.COMPLETED,
+                      last_task_id=lease["task_id"], runs=1)
+    redis_client.hset(keys.lanes, run_field("v.heavy"), encode(ended))
+    redis_client.sadd(keys.changed, "v.heavy")
+    redis_client.delete(keys.lease)
+    assert sched.rt is not None
+    reads: list[str] = []
+    read_run_raw = sched.rt.store.read_run_raw
+    monkeypatch.setattr(sched.rt.store, "read_run_raw",
+                        lambda lane: (reads.append(lane), read_run_raw(lane))[1])
+    sched.tick()
+    assert reads == []
+    run = json.loads(redis_client.hget(keys.lanes, run_field("v.heavy")))
+    assert run["last_outcome"] == "completed"
+    assert redis_client.hget(keys.counters, "lost|v.heavy") is None
+    sched.close()
+
+
 def lose_state(redis_client: redis.Redis, prefix: str) -> None:
     redis_client.delete(*redis_client.scan_iter(f"{prefix}:*"))
 

@@ -396,10 +396,17 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         if seen is None or not seen.task_id or (lease is not None
                                                  and lease.task_id == seen.task_id):
             return
-        try:
-            raw, record = self.rt.store.read_run_raw(seen.lane)
-        except StateError:
-            return  # unreadable: reported by the tick, never overwritten
+        raw = snap.raw.get(run_field(seen.lane))
+        read = snap.states.get(seen.lane)
+        if raw is not None and read is not None:
+            # The run's end changed its record, so this tick read it already (a normal
+            # hand-off costs no extra round trip); mark_lost compares and sets on this raw.
+            record = read.run
+        else:
+            try:
+                raw, record = self.rt.store.read_run_raw(seen.lane)
+            except StateError:
+                return  # unreadable: reported by the tick, never overwritten
         if seen.task_id in (record.last_task_id, record.skipped_task_id):
             return  # ended (or refused): nothing lost
         if record.fence > seen.fence:
