@@ -237,7 +237,7 @@ def redis_used(client: redis.Redis) -> int:
 
 
 def fair_idle(url: str, n: int, reps: int, result: dict[str, Any], profile: bool,
-              declare: str) -> FairScheduler:
+              declare: str) -> tuple[FairScheduler, list[int]]:
     prefix = "tc-fair-idle"
     client = redis.Redis.from_url(url, decode_responses=True)
     app, names = fair_app(url, prefix, n,
@@ -256,7 +256,7 @@ def fair_idle(url: str, n: int, reps: int, result: dict[str, Any], profile: bool
     result["idle"] = tick_stats(samples)
     if profile:
         result["profile"] = {"idle": profiled(sched.tick)}
-    return sched
+    return sched, sent
 
 
 def rank_floor(client: redis.Redis, keys: Keys, names: list[str]) -> float:
@@ -392,7 +392,7 @@ def dispatch_stats(samples: list[tuple[float, int]], n: int, ticks: int,
 
 def run_fair(url: str, n: int, reps: int, due_reps: int, result: dict[str, Any],
              profile: bool = False, declare: str = "family") -> None:
-    sched = fair_idle(url, n, reps, result, profile, declare)
+    sched, _ = fair_idle(url, n, reps, result, profile, declare)
     read_memory(result)
     sched.close()
     flush(url)
@@ -468,8 +468,7 @@ def run_pair(url: str, n: int, reps: int, result: dict[str, Any]) -> None:
         result["skipped"] = "celery-redbeat is not installed (pip install celery-redbeat)"
         return
     client = redis.Redis.from_url(url, decode_responses=True)
-    fair = fair_idle(url, n, 1, {"memory": {}}, False, "family")
-    fair_sent = noop_sends(fair)
+    fair, fair_sent = fair_idle(url, n, 1, {"memory": {}}, False, "family")
     peer, peer_sent = redbeat_idle(redbeat_app(url, n), client, n)
     fair_ms: list[float] = []
     peer_ms: list[float] = []
