@@ -9,21 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import NAMES, g
+from schedproj.sim.plot import pyplot
 
 COLORS = {"fair": "tab:blue", "redbeat": "tab:red", "persistent": "tab:green"}
 
 
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def tick_plot(section: dict[str, Any], out: Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
     sizes = sorted(section["lanes"], key=int)
     xs = [int(n) for n in sizes]
@@ -66,7 +58,7 @@ def _ecdf(ax: Any, samples: list[float], label: str, color: str) -> None:
 
 def latency_plot(handoff: dict[str, Any] | None, light: dict[str, Any] | None,
                  out: Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
     if handoff:
         _ecdf(ax1, handoff["wake_on"].get("gap_samples_ms", []), "wake on release", "tab:blue")
@@ -99,7 +91,7 @@ def latency_plot(handoff: dict[str, Any] | None, light: dict[str, Any] | None,
 def plot(results: dict[str, Any], outdir: str | Path) -> list[Path]:
     """Write the plots this run has data for; [] (and a note) without matplotlib."""
     try:
-        _pyplot()
+        pyplot()
     except ImportError:
         sys.stderr.write("bench: plots need matplotlib (pip install matplotlib); skipped\n")
         return []

@@ -37,14 +37,14 @@ from schedproj.core.lanes import (
 from schedproj.core.picker import Policy
 
 if TYPE_CHECKING:
-    from schedproj.on_celery.config import configure_app, create_app
     from schedproj.on_celery.task import LaneTask, current_run
+    from schedproj.ops.apps import configure_app, create_app
     from schedproj.settings import Settings
 
 #: Public names that live outside the pure core: where each one is loaded from on first use.
 _LAZY = {
-    "configure_app": "schedproj.on_celery.config",
-    "create_app": "schedproj.on_celery.config",
+    "configure_app": "schedproj.ops.apps",
+    "create_app": "schedproj.ops.apps",
     "LaneTask": "schedproj.on_celery.task",
     "current_run": "schedproj.on_celery.task",
     "Settings": "schedproj.settings",

@@ -9,6 +9,6 @@ Lanes are imported from the modules named in ``SCHEDPROJ_LANE_MODULES``.
 
 from __future__ import annotations
 
-from schedproj.on_celery.config import create_app
+from schedproj.ops.apps import create_app
 
 app = create_app()

@@ -27,7 +27,7 @@ fi
 
 # Debian packages the tests use: redis-server; docker.io (the engine the compose test runs,
 # started by scripts/docker_engine.sh, never as a service) and debootstrap (the local base
-# image, scripts/docker_base.sh); prometheus for promtool (tests/test_alerts.py).
+# image, scripts/docker_base.sh); prometheus for promtool (tests/telemetry/test_alert_rules.py).
 need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 # RabbitMQ: the second broker of the end-to-end tests (tests/rabbitmq.py).
@@ -35,7 +35,7 @@ command -v rabbitmq-server >/dev/null 2>&1 || need+=(rabbitmq-server)
 command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
-# The status page's browser test (tests/test_status_page.py): headless chromium + its driver.
+# The status page's browser test (tests/telemetry/test_status_page.py): headless chromium + its driver.
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 if [ ${#need[@]} -gt 0 ]; then

@@ -1,4 +1,4 @@
-"""Lanes for the TLS + ACL Redis test (tests/test_redis_tls.py): one heavy and one light lane
+"""Lanes for the TLS + ACL Redis test (tests/e2e/test_redis_tls.py): one heavy and one light lane
 that record their runs in the state Redis (reached exactly as schedproj reaches it, so with the
 same URL and TLS settings), and a heavy lane that fails, whose Sentry event must carry no
 credentials."""

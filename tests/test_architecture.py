@@ -23,19 +23,21 @@ REFERENCE = Path(__file__).resolve().parent / "reference"
 IMPURE = ("celery", "kombu", "billiard", "redis", "pydantic", "pydantic_settings",
           "sentry_sdk")
 
-#: Which layer may import which (a layer may always import itself). Wings (rem, sim, chaos)
-#: and the tools sit above the library; nothing in the library imports them.
+#: Which layer may import which (a layer may always import itself). Strictly downwards, with no
+#: allowance: core < store < settings < telemetry < on_celery < ops, then the wings (rem, sim)
+#: and the tools (devtools < chaos) above the library; nothing in the library imports them.
 ALLOWED = {
     "core": {"core"},
     "store": {"core", "store"},
-    "settings": {"core", "store"},
-    "on_celery": {"core", "store", "settings", "on_celery", "ops"},
-    "ops": {"core", "store", "settings", "on_celery", "ops"},
+    "settings": {"core", "store", "settings"},
+    "telemetry": {"core", "store", "settings", "telemetry"},
+    "on_celery": {"core", "store", "settings", "telemetry", "on_celery"},
+    "ops": {"core", "store", "settings", "telemetry", "on_celery", "ops"},
     "rem": {"core", "store", "settings", "on_celery", "rem"},
     "sim": {"core", "rem", "sim"},
-    "chaos": {"core", "store", "settings", "on_celery", "devtools", "chaos"},
-    "devtools": {"core", "store", "settings", "on_celery", "ops", "rem", "sim", "chaos",
+    "devtools": {"core", "store", "settings", "telemetry", "on_celery", "ops", "rem", "sim",
                  "devtools"},
+    "chaos": {"core", "store", "settings", "telemetry", "on_celery", "devtools", "chaos"},
 }
 #: The command line sits on top of everything: its commands reach into the wings (demo,
 #: simulate, chaos), each lazily inside the command that needs it.

@@ -355,9 +355,9 @@ LANE_COLOURS = {"memory-summary-backfill": "#1565c0", "summary": "#2e7d32", "dre
 def plot_drain(reports: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
     """One column per run: on top the lease timeline (which heavy lane held the lease when),
     below each chain lane's backlog over time (log scale). Headless (Agg)."""
-    from schedproj.sim.plot import _pyplot
+    from schedproj.sim.plot import pyplot
 
-    plt = _pyplot()
+    plt = pyplot()
     out = Path(path)
     fig, axes = plt.subplots(2, len(reports), figsize=(7.5 * len(reports), 6.5), squeeze=False,
                              sharex="col", gridspec_kw={"height_ratios": [1, 2.2]})

@@ -43,11 +43,11 @@ from schedproj.core.records import LaneState, LeaseView, Outcome, RunRecord
 from schedproj.on_celery.config import no_lanes_message, validate_or_exit, wait_for_redis
 from schedproj.on_celery.messages import LEASE_KWARG, heavy_kwargs, light_kwargs
 from schedproj.on_celery.runtime import Runtime, settings_for
-from schedproj.ops import metrics
-from schedproj.ops.sentry import crons_exclusions, init_sentry
 from schedproj.store.families import FamilyStore
 from schedproj.store.lane_store import Snapshot
 from schedproj.store.protocol import CounterKind, counter_field, run_field
+from schedproj.telemetry import metrics
+from schedproj.telemetry.sentry import crons_exclusions, init_sentry
 
 logger = logging.getLogger("schedproj.beat")
 

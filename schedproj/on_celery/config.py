@@ -23,9 +23,9 @@ from schedproj.core import defaults
 from schedproj.core.errors import ConfigurationError, LaneDeclarationError, SchedprojError
 from schedproj.core.lanes import LaneKind, queue_for
 from schedproj.core.laneset import LaneSet, build_lane_set, lane_tasks
-from schedproj.ops.sentry import init_sentry
 from schedproj.settings import Settings, consumer_timeout_problem
 from schedproj.store.connection import connect, describe_failure
+from schedproj.telemetry.sentry import init_sentry
 
 logger = logging.getLogger(__name__)
 
@@ -75,15 +75,10 @@ def route_lane(name: str, args: Any, kwargs: Any, options: Any, task: Any = None
     return None
 
 
-def configure_app(app: Celery, settings: Settings | None = None, *,
-                  watchdog: bool = False) -> Celery:
-    """Apply schedproj's settings to ``app``; with ``watchdog``, declare the starvation
-    watchdog lane on it too."""
+def configure_app(app: Celery, settings: Settings | None = None) -> Celery:
+    """Apply schedproj's settings to ``app`` (the Celery side only; the public
+    :func:`schedproj.configure_app` also declares the watchdog lane when asked)."""
     settings = settings or load_settings()
-    if watchdog:
-        from schedproj.ops.watchdog import register
-
-        register(app)
     app.schedproj_settings = settings
     routes = app.conf.task_routes
     routes = list(routes) if isinstance(routes, list | tuple) else ([routes] if routes else [])
@@ -123,14 +118,6 @@ def configure_app(app: Celery, settings: Settings | None = None, *,
         # kombu's own transport (their TLS and Sentinel set-up hangs on the URL's scheme).
         app.conf.broker_transport = BROKER_TRANSPORT
     return app
-
-
-def create_app(settings: Settings | None = None) -> Celery:
-    """The ``schedproj.app`` Celery app: lanes come from ``SCHEDPROJ_LANE_MODULES``."""
-    settings = settings or load_settings()
-    app = Celery("schedproj", include=settings.lane_module_list)
-    # The starvation watchdog always runs alongside the user's lanes.
-    return configure_app(app, settings, watchdog=True)
 
 
 def lane_set_for(app: Celery) -> LaneSet:

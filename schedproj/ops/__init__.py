@@ -1,3 +1,2 @@
-"""Operations: the command line, status, Prometheus metrics, Sentry and the starvation
-watchdog. Imports any layer below it; nothing below imports it (except the Celery side's
-start-up hooks for Sentry and metrics)."""
+"""Operations, above the Celery side: the command line, the app factory and the starvation
+watchdog lane. Imports any layer below it; nothing in the library imports it."""

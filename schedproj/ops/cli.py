@@ -256,10 +256,10 @@ def status(as_json: bool, watch_s: float | None, family: str | None) -> None:
     import redis as redis_lib
     from rich.live import Live
 
-    from schedproj.ops.observe import observe
-    from schedproj.ops.status import as_json as status_json
-    from schedproj.ops.status import render
     from schedproj.store.connection import describe_failure
+    from schedproj.telemetry.observe import observe
+    from schedproj.telemetry.status import as_json as status_json
+    from schedproj.telemetry.status import render
 
     settings, client, keys = _state_handles()
 

@@ -20,8 +20,8 @@ from schedproj.core.health import Health, Posture
 from schedproj.core.lanes import Lane, LaneKind
 from schedproj.on_celery.runtime import runtime_for
 from schedproj.on_celery.task import LaneTask
-from schedproj.ops.observe import observe
 from schedproj.store.protocol import WATCHDOG_VERSION
+from schedproj.telemetry.observe import observe
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,8 @@ from schedproj.sim.model import SimError
 from schedproj.sim.report import Comparison, Sweep
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
+    """matplotlib's pyplot on the headless Agg backend, or a SimError saying how to get it."""
     try:
         import matplotlib
     except ImportError:
@@ -25,7 +26,7 @@ def _pyplot() -> Any:
 def sweep_plot(sw: Sweep, path: str | Path) -> Path:
     """Maximal staleness ratio (over heavy lanes) against H per variant, mean over the sets
     with their min-max range, and the scheduling-theory reference lines 2·H and 4·H."""
-    plt = _pyplot()
+    plt = pyplot()
     out = Path(path)
     fig, ax = plt.subplots(figsize=(8, 5.5))
     n = len(sw.variants)
@@ -87,7 +88,7 @@ def _curve(trace: LaneTrace, horizon: float) -> tuple[list[float], list[float]]:
 def timeline_plot(c: Comparison, path: str | Path) -> Path:
     """Per variant: every lane's staleness ratio over time (symlog scale), the lease holder
     below it, and the drain-to-idle instant."""
-    plt = _pyplot()
+    plt = pyplot()
     out = Path(path)
     runs: list[SimRun] = list(c.runs.values())
     if not runs:

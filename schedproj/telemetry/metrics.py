@@ -1,0 +1,220 @@
+"""Prometheus metrics, served by beat on ``SCHEDPROJ_METRICS_PORT`` (loopback by default).
+
+Every figure is read from Redis at scrape time — lane records, the lease, durable counters — so
+the numbers survive restarts of beat and workers and agree with ``schedproj status``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import redis
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from schedproj.core.families import split_member
+from schedproj.core.lanes import LaneSpec
+from schedproj.settings import Settings
+from schedproj.store.protocol import LEASE_ACQUISITIONS, CounterKind, Keys, parse_counter_field
+from schedproj.telemetry.observe import Observation, observe
+from schedproj.telemetry.status import families_folded
+
+logger = logging.getLogger(__name__)
+
+#: Durable counter hash field prefix -> (metric name, help, label).
+COUNTERS = {
+    CounterKind.DEFERRALS: ("schedproj_deferrals", "Deferral streaks begun, by reason.",
+                            "reason"),
+    CounterKind.YIELDS: ("schedproj_yields", "Heavy runs that yielded at a checkpoint.", "lane"),
+    CounterKind.SKIPS: ("schedproj_stale_token_refusals",
+                        "Heavy messages refused for a stale, forged or missing lease token.",
+                        "lane"),
+    CounterKind.ERRORS: ("schedproj_scheduling_errors",
+                         "Scheduling errors (a due-check raised, unreadable state).", "lane"),
+    CounterKind.LOST: ("schedproj_lost_runs",
+                       "Runs that started and whose lease or in-flight mark lapsed with no "
+                       "end recorded (their worker died).", "lane"),
+}
+
+
+class SchedprojCollector(Collector):
+    """Reads one deployment's durable state on every scrape."""
+
+    def __init__(self, client: redis.Redis, keys: Keys, settings: Settings,
+                 specs: tuple[LaneSpec, ...],
+                 families: list[dict[str, Any]] | None = None) -> None:
+        self.client, self.keys, self.settings, self.specs = client, keys, settings, specs
+        self.families = families or []
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            obs = observe(self.client, self.keys, specs=self.specs, families=self.families)
+        except redis.RedisError:
+            logger.warning("metrics: Redis unreachable; scrape has no schedproj figures")
+            up = GaugeMetricFamily("schedproj_state_up", "Redis state readable.")
+            up.add_metric([], 0)
+            yield up
+            return
+        s = self.settings
+        health = obs.health(starvation_threshold_s=s.starvation_threshold_s,
+                            hold_cap_s=s.hold_cap_s, profile=s.profile)
+        up = GaugeMetricFamily("schedproj_state_up", "Redis state readable.")
+        up.add_metric([], 1)
+        yield up
+        yield from self._lease(health)
+        yield from self._lanes(health, obs)
+        yield from self._families(health, obs)
+        yield from self._counters(obs.counters, obs.lease_acquisitions, obs)
+        yield from self._pressure(obs)
+
+    def _lease(self, health: Any) -> Iterator[Metric]:
+        held = GaugeMetricFamily("schedproj_lease_held_seconds",
+                                 "How long the heavy lease has been held (0: free).",
+                                 labels=["lane"])
+        fence = GaugeMetricFamily("schedproj_lease_fence", "Fencing number of the held lease.")
+        if health.lease is not None:
+            held.add_metric([health.lease.holder], health.lease.held_s)
+            fence.add_metric([], health.lease.fence)
+        else:
+            held.add_metric([""], 0.0)
+            fence.add_metric([], 0)
+        yield held
+        yield fence
+        over = GaugeMetricFamily("schedproj_lease_over_hold_cap",
+                                 "1 while the lease is held past the hold cap.")
+        over.add_metric([], int(health.lease_over_cap))
+        yield over
+        depth = GaugeMetricFamily("schedproj_deferral_chain_depth",
+                                  "Longest chain of lanes deferred behind one another.")
+        depth.add_metric([], health.chain_depth)
+        yield depth
+        posture = GaugeMetricFamily("schedproj_posture", "Watchdog posture (1 = current).",
+                                    labels=["posture"])
+        for name in ("healthy", "degraded", "unknown"):
+            posture.add_metric([name], int(health.posture.value == name))
+        yield posture
+
+    def _families(self, health: Any, obs: Observation) -> Iterator[Metric]:
+        """Per-family aggregates: members, due, deferred, running, the worst ratio."""
+        out = {
+            "members": GaugeMetricFamily("schedproj_family_members",
+                                         "Members of the lane family.", labels=["family"]),
+            "due": GaugeMetricFamily("schedproj_family_due", "Members due and not yet "
+                                     "dispatched or deferred.", labels=["family"]),
+            "deferred": GaugeMetricFamily("schedproj_family_deferred", "Members deferred "
+                                          "(lease, gate or pick).", labels=["family"]),
+            "running": GaugeMetricFamily("schedproj_family_running", "Members running or "
+                                         "in flight.", labels=["family"]),
+            "max_staleness_ratio": GaugeMetricFamily(
+                "schedproj_family_max_staleness_ratio", "Largest staleness ratio among the "
+                "members with state (+Inf: one never ran).", labels=["family"]),
+        }
+        for f in families_folded(obs, health):
+            for name, value in (("members", f.members), ("due", f.due),
+                                ("deferred", f.deferred), ("running", f.running),
+                                ("max_staleness_ratio", f.max_ratio)):
+                out[name].add_metric([f.family], value)
+        yield from out.values()
+
+    def _member(self, lane: str, obs: Observation) -> bool:
+        """Is ``lane`` a family member whose own series are left out (the default)?"""
+        if self.settings.metrics_per_member:
+            return False
+        parts = split_member(lane)
+        return parts is not None and parts[0] in obs.families
+
+    def _lanes(self, health: Any, obs: Observation) -> Iterator[Metric]:
+        ratio = GaugeMetricFamily("schedproj_lane_staleness_ratio",
+                                  "(now - last run) / cadence; +Inf if never run.",
+                                  labels=["lane"])
+        deferred = GaugeMetricFamily("schedproj_lane_deferred_seconds",
+                                     "Age of the lane's current deferral streak (0: none).",
+                                     labels=["lane", "reason"])
+        backlog = GaugeMetricFamily("schedproj_lane_backlog", "Backlog the lane reported.",
+                                    labels=["lane"])
+        runs = CounterMetricFamily("schedproj_lane_runs", "Finished runs.", labels=["lane"])
+        failures = CounterMetricFamily("schedproj_lane_failures", "Failed runs.",
+                                       labels=["lane"])
+        dispatches = CounterMetricFamily("schedproj_dispatches", "Messages sent by beat.",
+                                         labels=["lane", "queue"])
+        for h in health.lanes:
+            if self._member(h.name, obs):
+                continue
+            ratio.add_metric([h.name], h.ratio)
+            deferred.add_metric([h.name, h.deferral_reason or ""], h.deferred_for_s or 0.0)
+            backlog.add_metric([h.name], h.backlog)
+            runs.add_metric([h.name], h.runs)
+            failures.add_metric([h.name], h.failures)
+            dispatches.add_metric([h.name, h.queue], h.dispatches)
+        yield from (ratio, deferred, backlog, runs, failures, dispatches)
+
+    def _counters(self, counters: dict[str, int], acquisitions: int,
+                  obs: Observation) -> Iterator[Metric]:
+        families = {kind: CounterMetricFamily(name, doc, labels=[label])
+                    for kind, (name, doc, label) in COUNTERS.items()}
+        totals: dict[tuple[CounterKind, str], int] = {}
+        for field, value in counters.items():
+            parsed = parse_counter_field(field)
+            if parsed is None:
+                continue
+            kind, label = parsed
+            if self._member(label, obs):
+                # Counted under the family's name: one series per family, not per member.
+                label = (split_member(label) or (label,))[0]
+            totals[(kind, label)] = totals.get((kind, label), 0) + value
+        for (kind, label), value in totals.items():
+            families[kind].add_metric([label], value)
+        yield from families.values()
+        leases = CounterMetricFamily(f"schedproj_{LEASE_ACQUISITIONS}",
+                                     "Heavy lease grants (the fencing counter).")
+        leases.add_metric([], acquisitions)
+        yield leases
+
+    def _pressure(self, obs: Observation) -> Iterator[Metric]:
+        """The waiting heavy lane pressing on the lease (beat's last measure), the last run
+        that yielded to pressure, and how many did."""
+        ratio = GaugeMetricFamily("schedproj_pressure_ratio",
+                                  "Staleness ratio now of the waiting heavy lane that presses "
+                                  "on the lease (+Inf: never ran; 0 with lane=\"\": none).",
+                                  labels=["lane"])
+        p = obs.pressure
+        ratio.add_metric([p.lane if p else ""], p.ratio(obs.now) if p else 0.0)
+        yield ratio
+        last = GaugeMetricFamily("schedproj_last_pressure_yield_timestamp_seconds",
+                                 "When a heavy run last yielded to pressure (Unix time; 0: "
+                                 "never), with the lane that yielded and the one that pressed.",
+                                 labels=["lane", "pressing"])
+        y = obs.last_pressure_yield
+        last.add_metric([y.lane if y else "", y.pressing if y else ""], y.at if y else 0.0)
+        yield last
+        count = CounterMetricFamily("schedproj_pressure_yields",
+                                    "Heavy runs that yielded to pressure before the hold cap.")
+        count.add_metric([], obs.pressure_yields)
+        yield count
+
+
+_served: set[tuple[str, int]] = set()
+
+
+def serve(client: redis.Redis, keys: Keys, settings: Settings,
+          specs: tuple[LaneSpec, ...],
+          families: list[dict[str, Any]] | None = None) -> CollectorRegistry | None:
+    """Start the HTTP endpoint if ``SCHEDPROJ_METRICS_PORT`` is set (once per process):
+    ``/metrics`` as before, and the status page (``/``) with its JSON (``/api/...``)."""
+    if settings.metrics_port is None:
+        return None
+    registry = CollectorRegistry()
+    registry.register(SchedprojCollector(client, keys, settings, specs, families))
+    where = (settings.metrics_host, settings.metrics_port)
+    if where not in _served:
+        from schedproj.telemetry.webserver import start
+
+        server = start(registry, client, keys, settings, specs)
+        _served.add(where)
+        host, port = server.server_address[:2]
+        logger.info("metrics on http://%s:%d/metrics, status page on http://%s:%d/",
+                    host, port, host, port)
+    return registry

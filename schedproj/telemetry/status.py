@@ -1,0 +1,210 @@
+"""``schedproj status``: the deployment at a glance, from Redis alone."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from schedproj.core.families import FamilyStats, fold, split_member
+from schedproj.core.health import Health
+from schedproj.telemetry.observe import Observation
+
+
+def _ago(now: float, then: float | None) -> str:
+    if then is None:
+        return "never"
+    return f"{_duration(now - then)} ago"
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"
+
+
+def _ratio(value: float) -> str:
+    return "∞" if math.isinf(value) or value >= 1e9 else f"{value:.2f}"
+
+
+def lane_state_word(h: Any) -> str:
+    if not h.enabled:
+        return "disabled by profile"
+    if h.paused:
+        return "paused, running" if h.in_flight else "paused"
+    if h.in_flight:
+        return "running"
+    if h.deferral_reason:
+        return "deferred"
+    return "due" if h.due else "idle"
+
+
+def undeclared_lanes(obs: Observation) -> list[str]:
+    """Lanes with state under this prefix that the published lane set does not declare: what
+    another app's beat on the same Redis and prefix leaves behind."""
+    declared = {s.name for s in obs.specs}
+    return sorted(lane for lane in obs.states if lane not in declared
+                  and (split_member(lane) or ("",))[0] not in obs.families)
+
+
+def families_folded(obs: Observation, health: Health) -> list[FamilyStats]:
+    """One row per lane family: members, due, deferred, running, the worst ratio."""
+    rows: dict[str, list[Any]] = {name: [] for name in obs.families}
+    for h in health.lanes:
+        parts = split_member(h.name)
+        if parts is not None and parts[0] in rows:
+            rows[parts[0]].append(h)
+    return [fold(name, obs.families[name].kind.value, obs.family_sizes.get(name, 0), lanes)
+            for name, lanes in sorted(rows.items())]
+
+
+def shown_lanes(obs: Observation, health: Health, family: str | None) -> list[Any]:
+    """The status rows to list: lanes of their own (members folded), or one family's."""
+    out = []
+    for h in health.lanes:
+        parts = split_member(h.name)
+        member_of = parts[0] if parts is not None and parts[0] in obs.families else None
+        if member_of == family:
+            out.append(h)
+    return out
+
+
+def undeclared_line(lanes: list[str]) -> str:
+    return (f"lanes with state here that the last beat does not declare: {', '.join(lanes)} "
+            "— another app's beat ran with this prefix. Fix: start their app's beat, or give "
+            "each app its own SCHEDPROJ_KEY_PREFIX")
+
+
+def as_json(obs: Observation, health: Health, family: str | None = None) -> dict[str, Any]:
+    return {
+        "now": obs.now,
+        "posture": health.posture.value,
+        "lease": asdict(health.lease) if health.lease else None,
+        "chain_depth": health.chain_depth,
+        "chain": list(health.chain),
+        "undeclared_lanes": undeclared_lanes(obs),
+        "starving": list(health.starving),
+        "lease_over_cap": health.lease_over_cap,
+        "lanes": [{**asdict(h), "state": lane_state_word(h),
+                   "ratio": None if math.isinf(h.ratio) else h.ratio}
+                  for h in shown_lanes(obs, health, family)],
+        "families": [{**asdict(f), "max_ratio": None if math.isinf(f.max_ratio)
+                      else f.max_ratio} for f in families_folded(obs, health)],
+        "beat": {**obs.beat, "lock_held": obs.beat_lock_held},
+        "watchdog": obs.watchdog,
+        "errors": obs.errors,
+        "counters": obs.counters,
+        "lease_acquisitions": obs.lease_acquisitions,
+        "problems": obs.problems,
+        "pressure": pressure_json(obs),
+    }
+
+
+def pressure_json(obs: Observation) -> dict[str, Any]:
+    """The pressure on the lease (the waiting lane and its ratio now), the last pressure yield
+    and how many there were."""
+    p, last = obs.pressure, obs.last_pressure_yield
+    ratio = p.ratio(obs.now) if p is not None else None
+    return {
+        "current": None if p is None else {
+            **asdict(p), "ratio": None if ratio is None or math.isinf(ratio) else ratio},
+        "last_yield": asdict(last) if last is not None else None,
+        "yields": obs.pressure_yields,
+    }
+
+
+def pressure_lines(obs: Observation) -> list[str]:
+    now, p, last = obs.now, obs.pressure, obs.last_pressure_yield
+    if p is None:
+        lines = ["pressure: none (no heavy lane waits for the lease)"]
+    else:
+        lines = [f"pressure: {p.lane} waits for the lease (ratio {_ratio(p.ratio(now))}"
+                 + (", priority-0" if p.priority0 else "") + f"), on fence {p.fence}"]
+    if last is not None:
+        lines.append(f"last pressure yield: {last.lane} yielded to {last.pressing} (ratio "
+                     f"{_ratio(last.ratio)}) after {_duration(last.held_s)}, "
+                     f"{_ago(now, last.at)}; {obs.pressure_yields} pressure yields")
+    return lines
+
+
+def _family_table(obs: Observation, health: Health) -> Table:
+    table = Table(title="lane families (schedproj status --family NAME lists the members)")
+    for col in ("family", "kind", "members", "due", "deferred", "running", "max ratio",
+                "worst member"):
+        table.add_column(col, no_wrap=col in ("family", "worst member"))
+    for f in families_folded(obs, health):
+        table.add_row(f.family, f.kind, str(f.members), str(f.due), str(f.deferred),
+                      str(f.running), _ratio(f.max_ratio) if f.worst else "-", f.worst or "-")
+    return table
+
+
+def _lane_table(obs: Observation, health: Health, family: str | None = None) -> Table:
+    now = obs.now
+    lanes = shown_lanes(obs, health, family)
+    table = Table(title=f"schedproj — posture {health.posture.value.upper()}")
+    whys = {h.name: (f"{h.deferral_reason} / {h.deferral_blocker} / "
+                     f"{_duration(h.deferred_for_s or 0)}") if h.deferral_reason else ""
+            for h in lanes}
+    deferred = "deferred: reason / blocker / for"
+    for col in ("lane", "kind", "queue", "class", "cadence", "last run", "ratio", "state",
+                deferred, "last outcome", "runs", "fail"):
+        # Lane names and the deferral (its blocker) are never cut off; other cells wrap.
+        table.add_column(col, no_wrap=col in ("lane", deferred), overflow="fold",
+                         min_width=max([len(w) for w in whys.values()] + [8])
+                         if col == deferred else None)
+    for h in lanes:
+        why = whys[h.name]
+        outcome = h.last_outcome or "-"
+        if h.last_reason and h.last_outcome in ("failed", "skipped", "yielded"):
+            outcome = f"{outcome}: {h.last_reason}"[:60]
+        table.add_row(h.name, h.kind, h.queue, h.deployment, _duration(h.cadence_s),
+                      _ago(now, h.last_run_at), _ratio(h.ratio), lane_state_word(h), why,
+                      outcome, str(h.runs), str(h.failures))
+    return table
+
+
+def render(obs: Observation, health: Health, family: str | None = None) -> Group:
+    now = obs.now
+    table = _lane_table(obs, health, family)
+    lines = []
+    if health.lease:
+        lease = health.lease
+        state = "running" if lease.started_at else "granted, not started"
+        lines.append(f"lease: held by {lease.holder} ({state}) for {_duration(lease.held_s)}, "
+                     f"fence {lease.fence}" + (" — PAST THE HOLD CAP" if health.lease_over_cap
+                                               else ""))
+    else:
+        lines.append("lease: free")
+    lines += pressure_lines(obs)
+    chain = " <- ".join(health.chain) if health.chain_depth else "-"
+    lines.append(f"deferral chain depth: {health.chain_depth} ({chain})")
+    if obs.beat:
+        active = "active" if obs.beat_lock_held else "LOCK EXPIRED"
+        lines.append(f"beat: {obs.beat.get('host')} pid {obs.beat.get('pid')} ({active}, since "
+                     f"{_ago(now, float(obs.beat.get('since', now)))})")
+    else:
+        lines.append("beat: none has run with this prefix")
+    if obs.watchdog:
+        w = obs.watchdog
+        alarm = (f"STALL since {_ago(now, w.get('stall_since'))}: {', '.join(w['reasons'])}"
+                 if w.get("stalled") else "no stall")
+        lines.append(f"watchdog: {w.get('posture')} ({alarm}; checked "
+                     f"{_ago(now, w.get('assessed_at'))})")
+    undeclared = undeclared_lanes(obs)
+    if undeclared:
+        lines.append(f"problem: {undeclared_line(undeclared)}")
+    for lane, message in sorted(obs.errors.items()):
+        lines.append(f"error [{lane}]: {message}")
+    for problem in obs.problems:
+        lines.append(f"problem: {problem}")
+    folded = [_family_table(obs, health)] if obs.families and family is None else []
+    return Group(table, *folded, *(Text(line) for line in lines))

@@ -1,0 +1,180 @@
+"""Beat's HTTP endpoint: ``/metrics`` (Prometheus, unchanged), the status page and its JSON.
+
+A small stdlib server in a daemon thread. ``/metrics`` answers as prometheus_client's own
+server did. The page (``/``) and the JSON (``/api/status``, the same as ``schedproj status
+--json``; ``/api/timeline``, the runs of the last hour and each lane's staleness ratio) are
+open on a loopback address; bound beyond loopback they need basic auth
+(``SCHEDPROJ_STATUS_USER`` and ``SCHEDPROJ_STATUS_PASSWORD``), and without those settings
+they are refused, said at start-up in one line with the fix.
+"""
+
+from __future__ import annotations
+
+import base64
+import hmac
+import ipaddress
+import json
+import logging
+import threading
+from collections.abc import Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import redis
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from schedproj.core.lanes import LaneSpec
+from schedproj.settings import Settings
+from schedproj.store.connection import connect
+from schedproj.store.protocol import Keys
+from schedproj.telemetry import statuspage
+from schedproj.telemetry.observe import observe
+from schedproj.telemetry.status import as_json
+
+logger = logging.getLogger(__name__)
+
+#: How many journal entries the page reads (newest first); an hour of runs fits easily.
+JOURNAL_READ = 5000
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return host == "localhost"
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class Deployment:
+    """What the page reads: the state Redis (status) and the audit Redis (the journal)."""
+
+    def __init__(self, client: redis.Redis, keys: Keys, settings: Settings,
+                 specs: tuple[LaneSpec, ...]) -> None:
+        self.client, self.keys, self.settings, self.specs = client, keys, settings, specs
+        self.audit = connect(settings.audit_redis_url, tls=settings.redis_tls) \
+            if settings.audit_redis_url else client
+
+    def status(self) -> dict[str, Any]:
+        s = self.settings
+        obs = observe(self.client, self.keys)
+        health = obs.health(starvation_threshold_s=s.starvation_threshold_s,
+                            hold_cap_s=s.hold_cap_s, profile=s.profile)
+        data: dict[str, Any] = json.loads(json.dumps(as_json(obs, health), default=str))
+        return data
+
+    def journal(self) -> list[dict[str, Any]]:
+        entries = []
+        for raw in self.audit.lrange(self.keys.journal, -JOURNAL_READ, -1):
+            try:
+                entry = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(entry, dict):
+                entries.append(entry)
+        return entries
+
+
+class StatusServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], registry: CollectorRegistry,
+                 deployment: Deployment, credentials: tuple[str, str] | None,
+                 page_allowed: bool) -> None:
+        super().__init__(address, Handler)
+        self.registry, self.deployment = registry, deployment
+        self.credentials, self.page_allowed = credentials, page_allowed
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: StatusServer
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0].rstrip("/") or "/"
+        if path == "/metrics":
+            self._send(200, CONTENT_TYPE_LATEST, generate_latest(self.server.registry))
+            return
+        routes = {"/": self._page, "/status": self._page, "/api/status": self._api_status,
+                  "/api/timeline": self._api_timeline}
+        route = routes.get(path)
+        if route is None:
+            self._send(404, "text/plain; charset=utf-8", b"not found: try / or /metrics\n")
+            return
+        if not self._allowed():
+            return
+        try:
+            route()
+        except redis.RedisError as exc:
+            self._send(503, "text/plain; charset=utf-8",
+                       f"Redis unreachable from beat: {exc}\n".encode())
+
+    def _allowed(self) -> bool:
+        if not self.server.page_allowed:
+            self._send(403, "text/plain; charset=utf-8",
+                       b"the status page is served beyond loopback only with basic auth: set "
+                       b"SCHEDPROJ_STATUS_USER and SCHEDPROJ_STATUS_PASSWORD\n")
+            return False
+        if self.server.credentials is None:
+            return True
+        user, password = self.server.credentials
+        expected = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+        given = self.headers.get("Authorization", "")
+        if hmac.compare_digest(given.encode(), expected.encode()):
+            return True
+        self.send_response(401)
+        self.send_header("WWW-Authenticate", 'Basic realm="schedproj", charset="UTF-8"')
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+        return False
+
+    def _page(self) -> None:
+        d = self.server.deployment
+        page = statuspage.render_page(d.status(), d.journal())
+        self._send(200, "text/html; charset=utf-8", page.encode())
+
+    def _api_status(self) -> None:
+        self._json(self.server.deployment.status())
+
+    def _api_timeline(self) -> None:
+        d = self.server.deployment
+        self._json(statuspage.api_timeline(d.status(), d.journal()))
+
+    def _json(self, data: Mapping[str, Any]) -> None:
+        self._send(200, "application/json", statuspage.dumps(data).encode())
+
+    def _send(self, code: int, content_type: str, body: bytes) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        logger.debug("http: %s", format % args)
+
+
+def credentials(settings: Settings) -> tuple[tuple[str, str] | None, bool]:
+    """(basic-auth credentials or None, whether the page may be served at all); says at
+    start-up, in one line with the fix, when the page is refused."""
+    password = settings.status_password.get_secret_value() if settings.status_password else None
+    if settings.status_user and password:
+        return (settings.status_user, password), True
+    if is_loopback(settings.metrics_host):
+        return None, True
+    logger.error("status page refused: SCHEDPROJ_METRICS_HOST=%s is beyond loopback and basic "
+                 "auth is not configured. Fix: set SCHEDPROJ_STATUS_USER and "
+                 "SCHEDPROJ_STATUS_PASSWORD (or bind to 127.0.0.1); /metrics is served as "
+                 "before", settings.metrics_host)
+    return None, False
+
+
+def start(registry: CollectorRegistry, client: redis.Redis, keys: Keys, settings: Settings,
+          specs: tuple[LaneSpec, ...]) -> StatusServer:
+    """Bind and serve in a daemon thread; returns the server (its address has the port)."""
+    assert settings.metrics_port is not None
+    creds, allowed = credentials(settings)
+    server = StatusServer((settings.metrics_host, settings.metrics_port), registry,
+                          Deployment(client, keys, settings, specs), creds, allowed)
+    threading.Thread(target=server.serve_forever, name="schedproj-http", daemon=True).start()
+    return server

