@@ -82,9 +82,9 @@ def _layer(module: str) -> str | None:
     return parts[1] if parts[1] in ALLOWED else None
 
 
-def _imports(path: Path) -> set[str]:
+def _imports(source: str) -> set[str]:
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.add(node.module)
             found.update(f"{node.module}.{a.name}" for a in node.names)
@@ -93,23 +93,77 @@ def _imports(path: Path) -> set[str]:
     return found
 
 
-def test_layers_import_only_what_they_may() -> None:
+def upward_imports(modules: dict[str, str]) -> list[str]:
+    """Every import in ``modules`` (dotted name -> source) that its layer may not make."""
     wrong = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    for module, source in sorted(modules.items()):
         layer = _layer(module)
         if layer is None or module in TOP:
             continue
-        for target in _imports(path):
+        for target in sorted(_imports(source)):
             other = _layer(target)
             if other is not None and other not in ALLOWED[layer]:
                 wrong.append(f"{module} imports {target}")
+    return wrong
+
+
+def test_layers_import_only_what_they_may() -> None:
+    sources = {".".join(path.relative_to(ROOT).with_suffix("").parts): path.read_text()
+               for path in PACKAGE.rglob("*.py")}
+    wrong = upward_imports(sources)
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_check_catches_an_upward_import() -> None:
+    """The scan is not vacuous: a core module importing the Celery side, the Celery side
+    importing ops (the old start-up hook allowance) and devtools importing chaos are reported;
+    the same imports made downwards are not."""
+    wrong = upward_imports({
+        "schedproj.core.probe": "from schedproj.on_celery import beat\n",
+        "schedproj.on_celery.probe": "def f():\n    import schedproj.ops.apps\n",
+        "schedproj.devtools.probe": "from schedproj.chaos.audit import x\n",
+        "schedproj.chaos.probe": "from schedproj.devtools import processes\n",
+        "schedproj.ops.probe": "from schedproj.on_celery import beat\n",
+    })
+    assert wrong == ["schedproj.core.probe imports schedproj.on_celery",
+                     "schedproj.core.probe imports schedproj.on_celery.beat",
+                     "schedproj.devtools.probe imports schedproj.chaos.audit",
+                     "schedproj.devtools.probe imports schedproj.chaos.audit.x",
+                     "schedproj.on_celery.probe imports schedproj.ops.apps"]
+
+
+def test_the_layers_form_an_order() -> None:
+    """No two layers may import each other, directly or through others: the relation without
+    each layer's own entry has a topological order."""
+    pending = {layer: set(others) - {layer} for layer, others in ALLOWED.items()}
+    order: list[str] = []
+    while pending:
+        ready = sorted(layer for layer, needs in pending.items() if needs <= set(order))
+        assert ready, f"a cycle among {sorted(pending)}"
+        order += ready
+        for layer in ready:
+            del pending[layer]
+
+
+def _documented_layers() -> dict[str, set[str]]:
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    table: dict[str, set[str]] = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`") and cells[0].strip("`") in ALLOWED:
+            names = {n.strip().strip("`") for n in cells[1].split(",")} - {"—", ""}
+            table[cells[0].strip("`")] = names
+    return table
+
+
+def test_docs_architecture_states_the_rule_this_test_enforces() -> None:
+    expected = {layer: set(others) - {layer} for layer, others in ALLOWED.items()}
+    assert _documented_layers() == expected
 
 
 def test_no_function_is_longer_than_sixty_lines() -> None:
     long = []
-    for path in sorted(PACKAGE.rglob("*.py")):
+    for path in sorted([*PACKAGE.rglob("*.py"), *(ROOT / "bench").rglob("*.py")]):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 length = (node.end_lineno or node.lineno) - node.lineno + 1
