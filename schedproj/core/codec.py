@@ -3,8 +3,9 @@ published lane set, the watchdog latch, the REM store's records). Pure.
 
 A stored value is a JSON object carrying its format version under ``"v"``; anything else — not
 JSON, not an object, another version, a non-finite number (``NaN``, ``Infinity``, or a literal
-too large for a float, which Python's ``json`` would accept) — is a :class:`StateError` naming
-the key, so garbage is reported and left alone instead of crashing or spinning a loop.
+too large for a float, which Python's ``json`` would accept, integers included) — is a
+:class:`StateError` naming the key, so garbage is reported and left alone instead of crashing or
+spinning a loop.
 """
 
 from __future__ import annotations
@@ -37,14 +38,37 @@ def _finite_float(text: str) -> float:
     return value
 
 
+def _too_large_for_float(value: Any) -> bool:
+    if isinstance(value, list):
+        return any(_too_large_for_float(item) for item in value)
+    if isinstance(value, int):
+        try:
+            float(value)
+        except OverflowError:
+            return True
+    return False
+
+
+def _refuse_huge_integers(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # JSON integers have no size limit and Python reads them exactly, but every time in a record
+    # meets float arithmetic (``last_run_at + cadence``): one beyond a float's range would raise
+    # OverflowError there, in the tick, instead of being reported here as bad state.
+    for name, value in pairs:
+        if _too_large_for_float(value):
+            raise ValueError(f"field {name!r} holds an integer too large for a float")
+    return dict(pairs)
+
+
 def loads(raw: str | bytes, key: str, version: int) -> dict[str, Any]:
     """Parse a stored object of format ``version``; the version field is removed.
 
     Raises :class:`StateError` naming ``key`` when the value is not JSON (non-finite numbers
-    included), not an object, or of another version.
+    included; an integer beyond a float's range also names its field), not an object, or of
+    another version.
     """
     try:
-        data = json.loads(raw, parse_constant=_reject_constant, parse_float=_finite_float)
+        data = json.loads(raw, parse_constant=_reject_constant, parse_float=_finite_float,
+                          object_pairs_hook=_refuse_huge_integers)
     except (TypeError, ValueError, UnicodeDecodeError) as exc:
         raise StateError(key, f"not valid JSON ({exc})") from None
     if not isinstance(data, dict):
