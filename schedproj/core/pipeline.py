@@ -37,6 +37,9 @@ class Decision:
     deferred: tuple[Deferral, ...] = ()
     expired_gates: tuple[tuple[str, Gate], ...] = ()
     views: Mapping[str, LaneView] = field(default_factory=dict)
+    #: What the gates saw: ``views`` plus family views and paused or unreadable blockers
+    #: (``pressure.measure`` judges the waiting lanes' gates on these same views).
+    gate_views: Mapping[str, LaneView] = field(default_factory=dict, compare=False)
 
     @property
     def dispatched(self) -> tuple[str, ...]:
@@ -140,7 +143,8 @@ def decide(
                 defer(view.name, DeferralReason.BACKPRESSURE, winner.name)
     return Decision(winner=winner.name if winner else None,
                     also_dispatched=tuple(v.name for v in light_views),
-                    deferred=tuple(deferred), expired_gates=tuple(expired), views=views)
+                    deferred=tuple(deferred), expired_gates=tuple(expired), views=views,
+                    gate_views=gate_views)
 
 
 def seconds_until_next_due(views: Mapping[str, LaneView], states: Mapping[str, LaneState],

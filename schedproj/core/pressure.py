@@ -89,14 +89,16 @@ def measure(decision: Decision, states: Mapping[str, LaneState], lease: LeaseVie
     waits."""
     if lease is None:
         return None
-    views = decision.views
+    # The views decide judged gates on (family views, paused blockers): a lane they hold back
+    # once the lease is free must not make the holder yield.
+    gate_views = decision.gate_views
     empty = LaneState()
     waiting = []
-    for view in views.values():
+    for view in decision.views.values():
         if not view.spec.heavy or not view.due or view.in_flight:
             continue
         deferral = states.get(view.name, empty).sched.deferral
-        gate, _ = gates.evaluate(view, views, deferral, now, legacy=legacy)
+        gate, _ = gates.evaluate(view, gate_views, deferral, now, legacy=legacy)
         if gate is None:
             waiting.append(view)
     best = pick(waiting)

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from schedproj.core.errors import StateError
-from schedproj.core.lanes import Gate, LaneKind, LaneSpec
+from schedproj.core.lanes import Gate, GateCondition, LaneKind, LaneSpec
 from schedproj.core.pipeline import decide
 from schedproj.core.pressure import (
     HOLD_CAP,
@@ -23,7 +24,7 @@ from schedproj.core.pressure import (
     measure,
     yield_reason,
 )
-from schedproj.core.records import LaneState, LeaseView, RunRecord
+from schedproj.core.records import LaneState, LeaseView, RunRecord, SchedRecord
 from schedproj.sim import compare, forensic
 from schedproj.sim.cli import simulate as simulate_cmd
 from schedproj.sim.mixed import configs, mixed_lanes, mixed_sweep
@@ -94,6 +95,52 @@ def test_the_published_record_round_trips_and_garbage_is_reported() -> None:
         decode('{"v": 1, "lane": "x"}', "k")
     with pytest.raises(StateError):
         decode("nope", "k")
+
+
+# -- measure evaluates gates exactly as decide does ------------------------------------------
+
+HOLDER_LEASE = LeaseView(lane="holder", token="t", fence=9, granted_at=0.0, started_at=0.0)
+
+
+def test_measure_leaves_out_a_lane_a_family_gate_holds_back() -> None:
+    """The bug of issue 18: ``measure`` saw no family views, so it named ``consumer`` (ratio
+    100, gated on the family ``fam``) while ``decide``, once the lease is free, defers it
+    behind ``fam[a]`` (ratio 1.08) and picks ``fam[a]``: the holder yielded for nothing."""
+    member = replace(_spec("fam[a]", 100.0, 2), family="fam")
+    consumer = _spec("consumer", 1.0, 3, gates=(Gate("fam", GateCondition.DUE_OR_RUNNING),))
+    lanes = [_spec("holder", 60.0, 1), member, consumer]
+    now = 1000.0
+    states = {"holder": LaneState(run=RunRecord(last_run_at=now - 600.0)),
+              "fam[a]": LaneState(run=RunRecord(last_run_at=now - 108.0)),
+              "consumer": LaneState(run=RunRecord(last_run_at=now - 100.0))}
+    p = measure(decide(lanes, states, HOLDER_LEASE, now), states, HOLDER_LEASE, now)
+    assert p is not None and p.lane == "fam[a]"
+    assert p.ratio(now) == pytest.approx(1.08)
+    # What the holder yields for is what beat picks once the lease is free.
+    freed = {**states, "holder": LaneState(run=RunRecord(last_run_at=now))}
+    assert decide(lanes, freed, None, now).winner == p.lane
+
+
+def test_measure_leaves_out_a_lane_a_paused_running_blocker_holds_back() -> None:
+    """A paused light blocker whose run is still going holds its (heavy) consumer back in
+    ``decide``; ``measure`` sees the same blocker views, so it does not name the consumer."""
+    producer = LaneSpec(name="producer", task_name="producer", kind=LaneKind.LIGHT,
+                        cadence_s=3600.0, order=2)
+    consumer = _spec("consumer", 60.0, 3,
+                     gates=(Gate("producer", GateCondition.DUE_OR_RUNNING),))
+    lanes = [_spec("holder", 60.0, 1), producer, consumer, _spec("other", 60.0, 4)]
+    now = 1000.0
+    running = LaneState(
+        run=RunRecord(last_run_at=now - 10.0, last_task_id="old", running_task_id="run-1",
+                      running_since=now - 5.0, running_until=now + 20.0),
+        sched=SchedRecord(paused=True))
+    states = {"holder": LaneState(run=RunRecord(last_run_at=now - 60.0)),
+              "producer": running,
+              "consumer": LaneState(run=RunRecord(last_run_at=now - 6000.0)),
+              "other": LaneState(run=RunRecord(last_run_at=now - 120.0))}
+    p = measure(decide(lanes, states, HOLDER_LEASE, now), states, HOLDER_LEASE, now)
+    assert p is not None and p.lane == "other"
+    assert (p.last_run_at, p.cadence_s, p.fence, p.at) == (now - 120.0, 60.0, 9, now)
 
 
 # -- the simulator ------------------------------------------------------------------------------
