@@ -486,13 +486,24 @@ def test_max_defer_s_streak_counts_only_time_behind_that_blocker() -> None:
     first = decide(lanes, states, None, NOW)
     assert deferrals(first) == {"consumer": (DEPENDENCY, "b")}
     assert first.also_dispatched == ("b",)
-    changes, _ = sched_changes(first, states, {"b": Send("b", "b-1", NOW + 60)}, NOW)
+    changes, news = sched_changes(first, states, {"b": Send("b", "b-1", NOW + HOUR)}, NOW)
+    # The streak keeps its start (two hours ago); b's clock starts now, when b took over.
+    behind_b = Deferral(lane="consumer", reason=DEPENDENCY, blocker="b", since=NOW - 2 * HOUR,
+                        blocker_since=NOW)
+    assert changes["consumer"] == SchedRecord(deferral=behind_b)
+    assert news == [behind_b]
     states = apply(states, changes)
     # Three seconds later b is still running: it has deferred consumer for 3 s, not 600 s.
     second = decide(lanes, states, None, NOW + 3)
     assert second.views["b"].in_flight
     assert second.expired_gates == ()
     assert deferrals(second) == {"consumer": (DEPENDENCY, "b")}
+    assert second.deferred == (behind_b,)
+    # b still runs, but 600 s behind it have passed: its gate lets consumer go.
+    assert decide(lanes, states, None, NOW + 599).deferred == (behind_b,)
+    released = decide(lanes, states, None, NOW + 601)
+    assert released.expired_gates == (("consumer", capped),)
+    assert released.also_dispatched == ("consumer",)
 
 
 # -- deployment profile, paused, unreadable ----------------------------------------------------
