@@ -1,0 +1,137 @@
+"""Lane families (core/families.py): member names and keys, the declaration's checks, each
+member's spread due ratio, and the status fold of a family's members."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from schedproj.core.errors import LaneDeclarationError, SchedprojError
+from schedproj.core.families import (
+    KEY_MAX_LEN,
+    FamilyError,
+    LaneFamily,
+    check_key,
+    fold,
+    jitter_unit,
+    member_lane,
+    member_spec,
+    split_member,
+)
+from schedproj.core.lanes import LaneKind, LaneSpec, fixed_unit
+
+
+def test_a_member_lane_is_named_family_bracket_key_and_splits_back() -> None:
+    assert member_lane("sync", "acme/web") == "sync[acme/web]"
+    assert split_member("sync[acme/web]") == ("sync", "acme/web")
+    assert split_member("sync[a[b]") == ("sync", "a[b")
+
+
+@pytest.mark.parametrize("name", ["sync", "sync[]", "[key]", "sync[key", "synckey]", "]"])
+def test_names_that_are_no_member_do_not_split(name: str) -> None:
+    assert split_member(name) is None
+
+
+@pytest.mark.parametrize("key", ["a", "acme/web", "x.y_z-1:2@h+=", "A" * KEY_MAX_LEN])
+def test_valid_keys_are_returned(key: str) -> None:
+    assert check_key("fam", key) == key
+
+
+@pytest.mark.parametrize(
+    ("key", "problem"),
+    [("", "is empty or not text"), (7, "is empty or not text"), (None, "is empty or not text"),
+     ("A" * (KEY_MAX_LEN + 1), f"is {KEY_MAX_LEN + 1} characters long"),
+     ("a b", "outside the allowed set: ' '"), ("a*?[", "outside the allowed set: '*?['"),
+     ("é", "outside the allowed set: 'é'")],
+)
+def test_bad_keys_are_refused_naming_the_family_and_the_rule(key: Any, problem: str) -> None:
+    with pytest.raises(FamilyError) as caught:
+        check_key("fam", key)
+    assert caught.value.thing == "family 'fam'"
+    assert problem in caught.value.problem
+    assert str(caught.value).startswith("family 'fam': ") and "Fix: " in str(caught.value)
+    assert isinstance(caught.value, SchedprojError)
+
+
+def test_a_long_key_is_shown_cut_short() -> None:
+    with pytest.raises(FamilyError) as caught:
+        check_key("fam", "B" * 40 + "C" * 200)
+    assert "C" not in caught.value.problem
+
+
+def test_a_valid_family_declaration_passes() -> None:
+    LaneFamily(cadence_s=60, jitter=0.5, members=lambda: ["a"], members_sync_s=0.1).check("f")
+    LaneFamily(cadence_s=60, jitter=0).check("f")
+
+
+@pytest.mark.parametrize(
+    ("kw", "problem"),
+    [({"jitter": -0.01}, "jitter must be between 0 and 0.5"),
+     ({"jitter": 0.51}, "jitter must be between 0 and 0.5"),
+     ({"jitter": math.nan}, "jitter must be between"), ({"jitter": True}, "jitter must be"),
+     ({"jitter": "0.2"}, "jitter must be"), ({"priority0": True}, "priority0 is set on a family"),
+     ({"members": ["a"]}, "members is not callable"),
+     ({"members_sync_s": 0}, "members_sync_s must be > 0"),
+     ({"members_sync_s": "60"}, "members_sync_s must be > 0")],
+)
+def test_a_bad_family_declaration_is_refused(kw: dict[str, Any], problem: str) -> None:
+    with pytest.raises(FamilyError) as caught:
+        LaneFamily(cadence_s=60, **kw).check("f")
+    assert caught.value.thing == "family 'f'"
+    assert problem in caught.value.problem
+
+
+def test_a_family_is_checked_as_a_lane_too() -> None:
+    with pytest.raises(LaneDeclarationError, match="cadence_s is missing"):
+        LaneFamily().check("f")
+
+
+FAMILY = LaneSpec(name="fam", task_name="t.fam", kind=LaneKind.LIGHT, cadence_s=60,
+                  family="fam")
+
+
+def test_a_member_spec_is_the_familys_named_for_the_key_with_a_fixed_due_ratio() -> None:
+    member = member_spec(FAMILY, 0.2, "acme")
+    unit = jitter_unit("fam", "acme")
+    assert unit == fixed_unit("fam[acme]")
+    assert member.name == "fam[acme]" and member.family == "fam"
+    assert member.task_name == "t.fam" and member.cadence_s == 60
+    assert member.due_ratio == pytest.approx(1.0 + 0.2 * (2.0 * unit - 1.0))
+    assert member_spec(FAMILY, 0.0, "acme").due_ratio == 1.0
+
+
+def test_member_due_ratios_spread_across_one_plus_minus_jitter() -> None:
+    ratios = [member_spec(FAMILY, 0.3, f"k{i}").due_ratio for i in range(300)]
+    assert all(0.7 <= r < 1.3 for r in ratios)
+    assert min(ratios) < 0.75 and max(ratios) > 1.25
+    assert sum(r < 1.0 for r in ratios) > 100 and sum(r > 1.0 for r in ratios) > 100
+
+
+def row(name: str, ratio: float, *, due: bool = False, in_flight: bool = False,
+        deferral_reason: str | None = None) -> SimpleNamespace:
+    return SimpleNamespace(name=name, ratio=ratio, due=due, in_flight=in_flight,
+                           deferral_reason=deferral_reason)
+
+
+def test_fold_counts_each_member_once_by_its_state_and_finds_the_worst() -> None:
+    rows = [row("f[a]", 0.5), row("f[b]", 3.0, due=True),
+            row("f[c]", 2.0, due=True, deferral_reason="dependency-backpressure"),
+            row("f[d]", 4.0, due=True, in_flight=True, deferral_reason="x"),
+            row("f[e]", 1.0, in_flight=True), row("f[f]", 4.0, due=True)]
+    stats = fold("f", "light", 7, rows)
+    assert (stats.family, stats.kind, stats.members) == ("f", "light", 7)
+    assert (stats.due, stats.deferred, stats.running) == (2, 1, 2)
+    assert (stats.max_ratio, stats.worst) == (4.0, "f[d]")
+
+
+def test_fold_of_no_members_has_no_worst() -> None:
+    stats = fold("f", "heavy", 0, [])
+    assert (stats.due, stats.deferred, stats.running, stats.max_ratio, stats.worst) == (
+        0, 0, 0, 0.0, None)
+
+
+def test_fold_names_a_member_even_when_every_ratio_is_zero() -> None:
+    assert fold("f", "heavy", 2, [row("f[a]", 0.0), row("f[b]", 0.0)]).worst == "f[a]"
