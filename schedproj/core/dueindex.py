@@ -10,57 +10,21 @@ says which of them the planner must see now.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from schedproj.core.deferrals import LEASE_WAITS
+from schedproj.core.due import NEVER, due_at
 from schedproj.core.lanes import LaneSpec
-from schedproj.core.records import LaneState, LeaseView, Outcome, SchedRecord
-from schedproj.core.views import effective_last_run, is_in_flight
-
-#: A lane that never falls due by time alone (backlog-driven without backlog, paused).
-NEVER = math.inf
-
-
-def retry_at(spec: LaneSpec, state: LaneState) -> float:
-    """When a failed run's retry falls due (within its window), else :data:`NEVER`."""
-    run = state.run
-    if (spec.retry_after_failure_s is None or spec.retry_window_s is None
-            or run.last_outcome not in (Outcome.FAILED, Outcome.LOST)
-            or run.last_run_at is None):
-        return NEVER
-    start = run.failing_since if run.failing_since is not None else run.last_run_at
-    at = run.last_run_at + spec.retry_after_failure_s
-    return at if at - start <= spec.retry_window_s else NEVER
-
-
-def due_at(spec: LaneSpec, state: LaneState, now: float) -> float:
-    """When the lane is due (a time at or before ``now`` if it is due already), as
-    :func:`views.view_lane` judges it without a due-check probe; :data:`NEVER` if time alone
-    never makes it due."""
-    run = state.run
-    retry = retry_at(spec, state)
-    # Due already: a time in the past that stays the same from tick to tick (so the index
-    # is not rewritten every tick for lanes waiting their turn).
-    if run.last_run_at is None:
-        if run.since is None or spec.backlog_driven:
-            return 0.0  # never ran: due now (a backlog-driven lane's first run measures it)
-        # A member never run is due by its cadence from when it was added (below).
-    elif run.backlog > 0:
-        return min(run.last_run_at, now)
-    elif spec.backlog_driven:
-        return min(retry, NEVER)
-    last = effective_last_run(state, spec.cadence_s, now, spec.due_ratio)
-    assert last is not None
-    return min(retry, last + spec.cadence_s * spec.due_ratio)
+from schedproj.core.records import LaneState, LeaseView, SchedRecord
+from schedproj.core.views import is_in_flight
 
 
 def next_look(spec: LaneSpec, state: LaneState, now: float, *, paused: bool = False,
               forced: bool = False, grace_s: float = 0.0) -> float:
-    """When beat must look at the lane next: when it falls due, or, for a light lane in
-    flight, when its in-flight mark (plus ``grace_s``, see ``views.is_in_flight``) or message
-    expires (its end is a change anyway)."""
+    """When beat must look at the lane next: when it falls due (``core.due.due_at``), or, for
+    a light lane in flight, when its in-flight mark (plus ``grace_s``, see
+    ``views.is_in_flight``) or message expires (its end is a change anyway)."""
     if paused:
         return NEVER
     if forced:
@@ -170,5 +134,6 @@ def with_changes(states: Mapping[str, LaneState],
             for lane, st in states.items()}
 
 
-__all__ = ["NEVER", "TickMemory", "due_at", "next_look", "retry_at", "waits_for_lease",
-           "with_changes"]
+#: ``NEVER`` and ``due_at`` (the due-time rule, ``core.due``) are named here too: the worker
+#: files a finished run's due time through the due index.
+__all__ = ["NEVER", "TickMemory", "due_at", "next_look", "waits_for_lease", "with_changes"]

@@ -21,10 +21,11 @@ from operator import attrgetter
 
 from schedproj.core import gates
 from schedproj.core.deferrals import Deferral, continue_streak
+from schedproj.core.due import NEVER, due_at
 from schedproj.core.lanes import DeferralReason, Gate, LaneKind, LaneSpec, Profile, enabled_under
 from schedproj.core.picker import Policy, pick
 from schedproj.core.records import LaneState, LeaseView, SchedRecord
-from schedproj.core.views import LaneView, effective_last_run, view_all, view_lane
+from schedproj.core.views import LaneView, view_all, view_lane
 
 
 @dataclass(frozen=True)
@@ -149,15 +150,10 @@ def decide(
 
 def seconds_until_next_due(views: Mapping[str, LaneView], states: Mapping[str, LaneState],
                            now: float) -> float | None:
-    """How long until some idle, time-driven lane turns due (None if none will by time alone)."""
-    best: float | None = None
-    for view in views.values():
-        if view.in_flight or view.due or view.spec.backlog_driven:
-            continue
-        last = effective_last_run(states.get(view.name, LaneState()), view.spec.cadence_s, now,
-                                  view.spec.due_ratio)
-        if last is None:
-            continue
-        wait = max(0.0, last + view.spec.cadence_s * view.spec.due_ratio - now)
-        best = wait if best is None else min(best, wait)
-    return best
+    """How long until some idle lane not due yet turns due — by its cadence or a retry
+    (``core.due.due_at``, with the backlog its view saw); None if none will by time alone."""
+    empty = LaneState()
+    waits = [due_at(v.spec, states.get(v.name, empty), now, v.backlog) - now
+             for v in views.values() if not (v.in_flight or v.due)]
+    best = min(waits, default=NEVER)
+    return None if best == NEVER else max(0.0, best)

@@ -6,9 +6,9 @@ import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from schedproj.core import defaults
+from schedproj.core.due import effective_last_run, retry_at
 from schedproj.core.lanes import LaneSpec
-from schedproj.core.records import LaneState, LeaseView, Outcome
+from schedproj.core.records import LaneState, LeaseView
 
 
 @dataclass(frozen=True)
@@ -39,44 +39,9 @@ def staleness_ratio(last_run_at: float | None, cadence_s: float, now: float) -> 
     return max(0.0, now - last_run_at) / cadence_s
 
 
-def effective_last_run(state: LaneState, cadence_s: float, now: float,
-                       due_ratio: float = 1.0) -> float | None:
-    """When the lane last ran, bounded by beat's clock. Pure.
-
-    ``last_run_at`` comes from the clock of the worker that ran the lane. A clock that is ahead
-    writes a time in the future, which taken at its word holds the lane back by the whole skew
-    (an hour ahead made a 10-minute lane wait 70 minutes). A time further in the future than
-    ``min(CLOCK_SKEW_TOLERANCE_S, cadence)`` is therefore capped at the lane's last dispatch
-    (written with beat's clock; the run ended after it) plus one cadence: a skewed host never
-    delays a lane by more than one cadence (it may make it run up to one cadence early). A
-    time within the tolerance (a run that ended while this tick was reading, host jitter), or
-    a lane beat never dispatched, is taken as it is. A family member that never ran counts
-    as having run one cadence (its due ratio's worth, if more) before it was added.
-    """
-    last = state.run.last_run_at
-    if last is None:
-        # Never ran: maximally stale (None), unless it is a family member with an add time,
-        # which is just due from then (see RunRecord.since): at its due ratio, or 1.
-        since = state.run.since
-        return None if since is None else min(since, now) - cadence_s * max(1.0, due_ratio)
-    dispatched = state.sched.last_dispatch_at
-    if (dispatched is None
-            or last - now <= min(defaults.CLOCK_SKEW_TOLERANCE_S, cadence_s)):
-        return last
-    return min(last, dispatched + cadence_s)
-
-
 def retry_due(spec: LaneSpec, state: LaneState, now: float) -> bool:
-    """A failed run is retried ``retry_after_failure_s`` later, while the failure streak is
-    younger than ``retry_window_s`` (the original backup: after 15 min, within 1 h)."""
-    run = state.run
-    if (spec.retry_after_failure_s is None or spec.retry_window_s is None
-            or run.last_outcome not in (Outcome.FAILED, Outcome.LOST)
-            or run.last_run_at is None):
-        return False
-    streak_start = run.failing_since if run.failing_since is not None else run.last_run_at
-    return (now - run.last_run_at >= spec.retry_after_failure_s
-            and now - streak_start <= spec.retry_window_s)
+    """Is a failed run's retry due at ``now``? (The rule: :func:`schedproj.core.due.retry_at`.)"""
+    return retry_at(spec, state, now) <= now
 
 
 def is_in_flight(state: LaneState, now: float, grace_s: float = 0.0) -> bool:
@@ -156,3 +121,9 @@ def view_all(
                           s.name in forced, grace_s)
         for s in specs
     }
+
+
+# effective_last_run lives with the due-time rule (core.due); it is named here too because
+# every stage that views a lane uses it.
+__all__ = ["LaneView", "effective_last_run", "is_in_flight", "retry_due", "staleness_ratio",
+           "view_all", "view_lane"]

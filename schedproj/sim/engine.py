@@ -22,6 +22,7 @@ from typing import Any
 
 from schedproj.core import defaults, lifecycle
 from schedproj.core.deferrals import LEASE_WAITS
+from schedproj.core.due import due_at, effective_last_run, retry_at
 from schedproj.core.lanes import LaneSpec, enabled_under
 from schedproj.core.picker import Policy, pick
 from schedproj.core.pipeline import Decision
@@ -223,16 +224,13 @@ class _Lane:
     def onset(self, t: float) -> float:
         """When the lane's current "due" began (exactly, from the model), for a lane that a
         decision at ``t`` found due and idle."""
-        run, spec = self.run, self.spec
-        last = run.last_run_at
-        candidates: list[float] = []
+        spec, last = self.spec, self.run.last_run_at
+        candidates = [retry_at(spec, self.state(), t)]
         if self.backlog_since is not None:
             candidates.append(self.backlog_since)
         if not spec.backlog_driven:
-            candidates.append(-math.inf if last is None else last + self.cadence * spec.due_ratio)
-        if (spec.retry_after_failure_s is not None and last is not None
-                and run.last_outcome is Outcome.FAILED):
-            candidates.append(last + spec.retry_after_failure_s)
+            ran = effective_last_run(self.state(), self.cadence, t, spec.due_ratio)
+            candidates.append(-math.inf if ran is None else ran + self.cadence * spec.due_ratio)
         valid = [c for c in candidates if c <= t + _EPS]
         start = min(valid) if valid else t
         if last is not None:
@@ -482,22 +480,18 @@ class Simulation:
 
     def _triggers(self, t: float) -> float | None:
         """The next instant a poll would see something new without any state change: a
-        gate's ``max_defer_s`` running out, or a failed lane's retry falling due."""
+        gate's ``max_defer_s`` running out. (A failed lane's retry is a due time like any
+        other: the plan's ``next_due_in_s`` wakes beat for it, as it does beat.)"""
         best: float | None = None
         for rt in self.enabled:
             d = rt.sched.deferral
-            if d is not None:
-                for gate in rt.spec.gates:
-                    if gate.max_defer_s is not None and gate.blocker == d.blocker:
-                        at = d.behind_blocker_since + gate.max_defer_s
-                        if at > t and (best is None or at < best):
-                            best = at
-            run, spec = rt.run, rt.spec
-            if (spec.retry_after_failure_s is not None and run.last_run_at is not None
-                    and run.last_outcome is Outcome.FAILED):
-                at = run.last_run_at + spec.retry_after_failure_s
-                if at > t and (best is None or at < best):
-                    best = at
+            if d is None:
+                continue
+            for gate in rt.spec.gates:
+                if gate.max_defer_s is not None and gate.blocker == d.blocker:
+                    at = d.behind_blocker_since + gate.max_defer_s
+                    if at > t and (best is None or at < best):
+                        best = at
         return best
 
     # -- heavy runs -----------------------------------------------------------------------------
@@ -542,15 +536,10 @@ class Simulation:
         return None
 
     def _others_due(self, rt: _Lane, t: float) -> bool:
-        """Is another heavy lane due at ``t`` (by backlog, never having run, or cadence)?"""
-        for x in self.enabled:
-            if x is rt or not x.heavy:
-                continue
-            last = x.run.last_run_at
-            if x.has_backlog() or (not x.spec.backlog_driven
-                                   and (last is None or t - last >= x.cadence)):
-                return True
-        return False
+        """Is another heavy lane due at ``t``, by the due-time rule beat uses (cadence at its
+        due ratio, backlog its due-check reports, never run, or a retry)?"""
+        return any(x is not rt and x.heavy and due_at(x.spec, x.state(), t, x.probe()) <= t
+                   for x in self.enabled)
 
     def _schedule_step(self, run: _HeavyRun, t: float, duration: float) -> None:
         if run.rt.dur.fails(run.index, run.step):

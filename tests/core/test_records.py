@@ -1,0 +1,127 @@
+"""Lane records as stored (core/records.py): every record round-trips through its versioned
+JSON, fields added later stay out while unset, and a record of the wrong shape is a StateError
+naming the key, so garbage never reaches the picker."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from schedproj.core.defaults import STATE_VERSION
+from schedproj.core.deferrals import Deferral
+from schedproj.core.errors import StateError
+from schedproj.core.lanes import DeferralReason
+from schedproj.core.records import (
+    LaneState,
+    LeaseView,
+    Outcome,
+    RunRecord,
+    SchedRecord,
+    decode,
+    encode,
+)
+
+DEFERRAL = Deferral(lane="a", reason=DeferralReason.DEPENDENCY, blocker="b", since=10.0,
+                    blocker_since=12.5, gate_blocker="c")
+FULL_RUN = RunRecord(last_run_at=1.5, last_outcome=Outcome.FAILED, last_reason="boom",
+                     last_task_id="t1", backlog=3, runs=4, failures=2, running_task_id="t2",
+                     running_since=2.0, running_until=3.0, fence=9, failing_since=0.5,
+                     skipped_task_id="t0", since=0.25)
+FULL_SCHED = SchedRecord(inflight_task_id="t3", inflight_deadline=4.0, last_dispatch_at=3.5,
+                         dispatches=6, deferral=DEFERRAL, paused=True)
+FULL_LEASE = LeaseView(lane="a", token="tok", fence=3, granted_at=1.0, started_at=2.0,
+                       task_id="t4", host="h", pid=42, node="n@h", epoch=5, reasserted=True)
+
+
+@pytest.mark.parametrize("record", [RunRecord(), SchedRecord(), FULL_RUN, FULL_SCHED,
+                                    FULL_LEASE, LeaseView("a", "t", 1, 0.0)])
+def test_every_record_round_trips(record: Any) -> None:
+    assert decode(type(record), encode(record), "k") == record
+
+
+def test_the_encoding_is_versioned_json_of_every_field() -> None:
+    data = json.loads(encode(FULL_SCHED))
+    assert data["v"] == STATE_VERSION
+    assert data["deferral"] == {"lane": "a", "reason": "dependency-backpressure",
+                                "blocker": "b", "since": 10.0, "blocker_since": 12.5,
+                                "gate_blocker": "c"}
+    assert next(iter(data)) == "v"
+
+
+def test_a_field_added_later_is_left_out_while_unset() -> None:
+    assert "since" not in json.loads(encode(RunRecord()))
+    assert json.loads(encode(RunRecord(since=5.0)))["since"] == 5.0
+    assert "running_since" in json.loads(encode(RunRecord()))
+
+
+def test_encoding_leaves_the_record_itself_alone() -> None:
+    encode(FULL_SCHED)
+    encode(RunRecord())
+    assert FULL_SCHED.deferral is DEFERRAL
+    assert RunRecord().since is None
+
+
+def test_a_lane_state_defaults_to_empty_records() -> None:
+    assert LaneState() == LaneState(run=RunRecord(), sched=SchedRecord())
+
+
+def test_the_lease_token_stays_out_of_repr() -> None:
+    assert "tok" not in repr(FULL_LEASE)
+
+
+def stored(**fields: Any) -> str:
+    return json.dumps({"v": STATE_VERSION, **fields})
+
+
+@pytest.mark.parametrize(
+    ("cls", "raw", "problem"),
+    [(RunRecord, stored(mystery=1), "unknown fields ['mystery']"),
+     (RunRecord, stored(last_run_at="yesterday"), "last_run_at must be a number"),
+     (RunRecord, stored(runs=True), "runs must be a number"),
+     (RunRecord, stored(backlog=[1]), "backlog must be a number"),
+     (RunRecord, stored(last_reason=5), "last_reason must be a string"),
+     (RunRecord, stored(last_outcome="exploded"), "bad field value"),
+     (SchedRecord, stored(paused="yes"), "paused must be true or false"),
+     (SchedRecord, stored(paused=1), "paused must be true or false"),
+     (SchedRecord, stored(deferral="x"), "deferral must be an object"),
+     (SchedRecord, stored(deferral={"lane": "a", "reason": "dependency-backpressure"}),
+      "deferral lacks ['since']"),
+     (SchedRecord, stored(deferral={"lane": "a", "since": 1}),
+      "deferral lacks ['reason']"),
+     (SchedRecord, stored(deferral={"lane": "a", "reason": "nope", "blocker": None,
+                                    "since": 1}), "bad field value"),
+     (SchedRecord, stored(deferral={"lane": "a", "reason": "dependency-backpressure",
+                                    "blocker": None, "since": "then"}),
+      "since must be a number"),
+     (SchedRecord, stored(deferral={"lane": "a", "reason": "dependency-backpressure",
+                                    "blocker": None, "since": 1, "extra": 2}),
+      "bad field value"),
+     (LeaseView, stored(lane="a", token="t", fence="1", granted_at=1.0),
+      "fence must be a number"),
+     (LeaseView, stored(lane="a", token="t", fence=1), "bad field value")],
+)
+def test_a_record_of_the_wrong_shape_names_the_key_and_the_field(
+        cls: type[Any], raw: str, problem: str) -> None:
+    with pytest.raises(StateError) as caught:
+        decode(cls, raw, "p:lanes:a|run")
+    assert caught.value.key == "p:lanes:a|run"
+    assert problem in caught.value.problem
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "1e999"])
+def test_a_non_finite_time_is_refused(value: str) -> None:
+    raw = stored().replace("}", f', "last_run_at": {value}}}')
+    with pytest.raises(StateError, match="not valid JSON"):
+        decode(RunRecord, raw, "k")
+
+
+def test_a_finite_float_built_from_a_huge_integer_cannot_slip_in() -> None:
+    with pytest.raises(StateError, match="running_until"):
+        decode(RunRecord, stored().replace("}", ', "running_until": ' + "9" * 400 + "}"), "k")
+
+
+def test_integers_are_accepted_where_a_time_is_expected() -> None:
+    assert decode(RunRecord, stored(last_run_at=5), "k").last_run_at == 5
+    assert decode(SchedRecord, stored(paused=False), "k") == SchedRecord()
