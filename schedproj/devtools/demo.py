@@ -30,7 +30,7 @@ from rich.table import Table
 
 from schedproj.core.picker import Policy
 from schedproj.core.records import LeaseView, Outcome, RunRecord, SchedRecord, encode
-from schedproj.devtools import embedded
+from schedproj.devtools import embedded, redis_server
 from schedproj.devtools.processes import ProcessGroup, layout
 from schedproj.rem.lanes import CADENCES_S, LANE_NAMES
 from schedproj.rem.seed import SEEDED_HISTORY, seed_forensic
@@ -138,7 +138,7 @@ def demo_redis(opts: DemoOptions, say: TextIO) -> Iterator[tuple[str, bool]]:
         yield configured, False
         return
     default = opts.default_url.rsplit("/", 1)[0] + f"/{DEMO_DB}"
-    if embedded.answers(default):
+    if redis_server.answers(default):
         yield default, False
         return
     say.write(f"demo: nothing answers at {mask(opts.default_url)}; starting a private Redis\n")

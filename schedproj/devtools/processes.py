@@ -65,7 +65,9 @@ class Spawned:
 
 def wait_for(predicate: Callable[[], object], timeout_s: float, what: str,
              poll_s: float = 0.02) -> object:
-    """Poll until ``predicate()`` is truthy and return it; TimeoutError naming ``what``."""
+    """Poll until ``predicate()`` is truthy and return it; TimeoutError naming ``what``.
+
+    The one polling loop of the project and its tests (:func:`wait_until` asks it too)."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = predicate()
@@ -74,6 +76,15 @@ def wait_for(predicate: Callable[[], object], timeout_s: float, what: str,
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")
         time.sleep(poll_s)
+
+
+def wait_until(predicate: Callable[[], object], timeout_s: float, poll_s: float = 0.02) -> bool:
+    """Poll until ``predicate()`` is truthy: True, or False once ``timeout_s`` has passed."""
+    try:
+        wait_for(predicate, timeout_s, "a condition", poll_s)
+    except TimeoutError:
+        return False
+    return True
 
 
 def _die_with_parent() -> None:

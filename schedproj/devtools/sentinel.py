@@ -16,8 +16,6 @@ promoted replica lacks the latest writes:
 from __future__ import annotations
 
 import contextlib
-import shutil
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,20 +23,12 @@ from pathlib import Path
 import redis
 
 from schedproj.core.errors import ConfigurationError
-from schedproj.devtools.embedded import answers, free_port
+from schedproj.devtools.processes import wait_until
+from schedproj.devtools.redis_server import RedisServer, free_port, redis_server_binary
 
 SERVICE = "svc"
 #: The password that keeps a lagging replica out of its master (never a credential).
 LOCKOUT = "keep-the-replica-out"
-
-
-def _wait(predicate: object, timeout_s: float, poll_s: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return True
-        time.sleep(poll_s)
-    return bool(predicate())  # type: ignore[operator]
 
 
 @dataclass
@@ -52,16 +42,13 @@ class SentinelSet:
     failover_timeout_ms: int = 5000
     ports: list[int] = field(default_factory=list)
     sentinel_ports: list[int] = field(default_factory=list)
-    nodes: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
-    sentinels: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    nodes: dict[int, RedisServer] = field(default_factory=dict)
+    sentinels: list[RedisServer] = field(default_factory=list)
     #: Nodes locked out by :meth:`lag_replica` (port -> the master that asks a password).
     locked: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise ConfigurationError("a Sentinel set needs the redis-server binary on PATH")
-        self.binary = binary
+        redis_server_binary()  # fail before starting anything when there is none
 
     # -- the set --------------------------------------------------------------------------
 
@@ -75,64 +62,44 @@ class SentinelSet:
         self.ports = [master, replica]
         self.start_node(master)
         self.start_node(replica, replica_of=master)
-        for i in range(3):
-            port = free_port()
-            conf = self.workdir / f"sentinel{i}.conf"
-            conf.write_text(f"port {port}\nbind 127.0.0.1\ndir {self.workdir}\n"
-                            f"sentinel monitor {self.service} 127.0.0.1 {master} 2\n"
-                            f"sentinel down-after-milliseconds {self.service} "
-                            f"{self.down_after_ms}\n"
-                            f"sentinel failover-timeout {self.service} "
-                            f"{self.failover_timeout_ms}\n")
-            self.sentinels.append(self._popen([str(conf), "--sentinel"]))
-            self.sentinel_ports.append(port)
-        if not _wait(lambda: all(answers(f"redis://127.0.0.1:{p}", 0.2)
-                                 for p in self.sentinel_ports), timeout_s):
-            raise ConfigurationError("the sentinels did not start")
+        config = (f"sentinel monitor {self.service} 127.0.0.1 {master} 2\n"
+                  f"sentinel down-after-milliseconds {self.service} {self.down_after_ms}\n"
+                  f"sentinel failover-timeout {self.service} {self.failover_timeout_ms}\n")
+        self.sentinels = [RedisServer(self.workdir, f"sentinel{i}", sentinel_config=config)
+                          for i in range(3)]
+        self.sentinel_ports = [s.port for s in self.sentinels]
+        for sentinel in self.sentinels:
+            sentinel.launch()  # all three at once, then wait for each
+        for sentinel in self.sentinels:
+            sentinel.wait_answering(timeout_s)
         if not self.wait_synced(timeout_s):
             raise ConfigurationError("the replica did not sync with the master")
 
     def stop(self) -> None:
-        for proc in [*self.nodes.values(), *self.sentinels]:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
+        for server in [*self.nodes.values(), *self.sentinels]:
+            server.kill()
         self.nodes.clear()
         self.sentinels.clear()
-
-    def _popen(self, args: list[str]) -> subprocess.Popen[bytes]:
-        return subprocess.Popen([self.binary, *args], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
 
     # -- nodes ----------------------------------------------------------------------------
 
     def start_node(self, port: int, replica_of: int | None = None) -> None:
         """Start (or restart, empty) the server on ``port``, a replica of ``replica_of``."""
-        where = self.workdir / f"node{port}"
-        where.mkdir(exist_ok=True)
-        # A replica saves each full sync it receives as dump.rdb, which a restart would load:
-        # that would be a restart from an old snapshot, not the empty restart promised here.
-        for old in where.glob("*.rdb"):
-            old.unlink()
-        args = ["--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                "--dir", str(where)]
-        if replica_of is not None:
-            args += ["--replicaof", "127.0.0.1", str(replica_of)]
-        self.nodes[port] = self._popen(args)
-        if not _wait(lambda: answers(f"redis://127.0.0.1:{port}", 0.2), 10):
-            raise ConfigurationError(f"redis did not start on {port}")
+        replica = () if replica_of is None else ("--replicaof", "127.0.0.1", str(replica_of))
+        node = RedisServer(self.workdir, f"node{port}", port=port, extra_args=replica)
+        self.nodes[port] = node
+        node.start()
 
     def kill_node(self, port: int) -> None:
-        proc = self.nodes.pop(port, None)
-        if proc is not None:
-            proc.kill()
-            proc.wait()
+        node = self.nodes.pop(port, None)
+        if node is not None:
+            node.kill()
         self.locked.pop(port, None)
 
     def signal_node(self, port: int, sig: int) -> None:
-        proc = self.nodes.get(port)
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(sig)
+        node = self.nodes.get(port)
+        if node is not None:
+            node.signal(sig)
 
     def master_port(self) -> int | None:
         """The master the sentinels name now (the first sentinel that answers)."""
@@ -172,7 +139,7 @@ class SentinelSet:
                     and any(int(r.get("port", 0)) == replica
                             and "s_down" not in str(r.get("flags", "")) for r in known))
 
-        return _wait(synced, timeout_s, 0.1)
+        return wait_until(synced, timeout_s, poll_s=0.1)
 
     # -- failover -------------------------------------------------------------------------
 
@@ -218,7 +185,7 @@ class SentinelSet:
             except redis.RedisError:
                 return False
 
-        return _wait(promoted, timeout_s, 0.05)
+        return wait_until(promoted, timeout_s, poll_s=0.05)
 
     def rejoin(self, old_master: int) -> None:
         """Bring the old master back as a replica of the new one (restarted empty if it was

@@ -124,14 +124,14 @@ def up(app_name: str, lanes: str | None, light_concurrency: int, loglevel: str,
 @contextlib.contextmanager
 def _redis_for(env: dict[str, str]) -> Iterator[str | None]:
     """None when a Redis is configured or answers at the default; else a private one's URL."""
-    from schedproj.devtools import embedded
+    from schedproj.devtools import embedded, redis_server
     from schedproj.settings import Settings
 
     if env.get("CELERY_BROKER_URL") or env.get("SCHEDPROJ_REDIS_URL"):
         yield None
         return
     default = str(Settings.model_fields["broker_url"].default)
-    if embedded.answers(default):
+    if redis_server.answers(default):
         yield None
         return
     click.echo(f"schedproj: nothing answers at {default}; starting a private Redis", err=True)
@@ -521,7 +521,9 @@ def chaos(duration_s: float | None, heavy_workers: int, fault_every_s: float,
           sentinel: bool | None, min_faults: str | None, max_duration_s: float | None,
           profile: str | None, dump_to: Path | None, members: int, as_json: bool) -> None:
     """Break workers, beats and Redis on purpose and audit what ran (private Redis)."""
-    from schedproj.chaos.driver import LONG_PROFILE, parse_min_faults, render, run_chaos
+    from schedproj.chaos.driver import LONG_PROFILE, run_chaos
+    from schedproj.chaos.faults import parse_min_faults
+    from schedproj.chaos.report import render
 
     preset: dict[str, Any] = dict(LONG_PROFILE) if profile == "long" else {}
     try:

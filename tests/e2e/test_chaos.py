@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from schedproj.chaos.driver import LONG_PROFILE, fault_kinds, render, run_chaos
+from schedproj.chaos.driver import LONG_PROFILE, run_chaos
+from schedproj.chaos.faults import fault_kinds
+from schedproj.chaos.report import render
 
 pytestmark = [pytest.mark.e2e,
               pytest.mark.skipif(shutil.which("redis-server") is None,

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from schedproj.devtools.embedded import answers, free_port
+from schedproj.devtools.redis_server import answers, free_port
+from tests.conftest import E2E_REDIS_URL
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -29,7 +30,7 @@ def demo(*args: str, env: dict[str, str] | None = None) -> dict:
 
 
 def test_staleness_drains_and_registry_starves_dream(e2e_redis: object) -> None:
-    url = "redis://127.0.0.1:6379/15"
+    url = E2E_REDIS_URL
     fair = demo("--redis-url", url, "--budget", "120")
     assert fair["drained_to_idle"], fair
     assert all(fair["runs"][lane] > 0 for lane in

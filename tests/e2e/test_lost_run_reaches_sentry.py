@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import redis
 
-from schedproj.chaos.driver import RedisProc
+from schedproj.devtools.redis_server import RedisServer
 from schedproj.store.lane_store import LaneStore
 from schedproj.store.protocol import Keys
 from tests.conftest import E2E_REDIS_URL
@@ -36,8 +36,8 @@ CAPTURED = "e2e:sentry:lost"
 
 
 @pytest.fixture
-def state(tmp_path: Path) -> Iterator[RedisProc]:
-    proc = RedisProc(tmp_path, "state")
+def state(tmp_path: Path) -> Iterator[RedisServer]:
+    proc = RedisServer(tmp_path, "state")
     proc.start()
     yield proc
     proc.kill()
@@ -52,7 +52,7 @@ def _lost_event(items: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def test_a_run_recorded_lost_is_a_sentry_error_naming_the_lane(
-        e2e_redis: redis.Redis, tmp_path: Path, state: RedisProc) -> None:
+        e2e_redis: redis.Redis, tmp_path: Path, state: RedisServer) -> None:
     client = redis.Redis.from_url(state.url, decode_responses=True)
     LaneStore(client, KEYS).declare_fresh()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SENTRY_", "SCHEDPROJ_"))}

@@ -24,7 +24,7 @@ import pytest
 import redis
 
 from schedproj.chaos.audit import FencedLedger
-from schedproj.chaos.driver import RedisProc
+from schedproj.devtools.redis_server import RedisServer
 from schedproj.store.protocol import Keys
 from tests.procs import FAST_SETTINGS, wait_for
 
@@ -76,7 +76,7 @@ def host_a(tmp_path: Path) -> Iterator[tuple[str, str, str]]:
 def test_partitioned_holder_is_fenced_when_the_cut_heals(host_a: tuple[str, str, str],
                                                          tmp_path: Path) -> None:
     ns, link, ip_here = host_a
-    server = RedisProc(tmp_path, "redis")
+    server = RedisServer(tmp_path, "redis")
     _start_redis(server, ip_here)
     local_url = f"redis://127.0.0.1:{server.port}/0"
     remote_url = f"redis://{ip_here}:{server.port}/0"
@@ -143,7 +143,7 @@ def test_partitioned_holder_is_fenced_when_the_cut_heals(host_a: tuple[str, str,
     assert not ended_a or ended_a[0]["lost"], "host A's run ended without knowing it lost"
 
 
-def _start_redis(server: RedisProc, ip: str) -> None:
+def _start_redis(server: RedisServer, ip: str) -> None:
     server.proc = subprocess.Popen(
         [server.binary, "--port", str(server.port), "--bind", "127.0.0.1", ip,
          "--protected-mode", "no", "--save", "", "--appendonly", "no", "--dir",

@@ -2,7 +2,7 @@
 clock skew, stalled heartbeats, zombies), against real redis-servers.
 
 Where state must be lost or failed over, each test runs its own redis-server on a free
-loopback port (``RedisProc``): a "failover to a lagging replica" is a second server given a
+loopback port (``RedisServer``): a "failover to a lagging replica" is a second server given a
 copy of the first one's keys (DUMP/RESTORE with their TTLs) at the instant the replica stopped
 receiving the stream, so every later write is lost there, and its run_id differs.
 """
@@ -21,12 +21,12 @@ import pytest
 import redis
 
 import schedproj.on_celery.task as task_module
-from schedproj.chaos.driver import RedisProc
 from schedproj.core import lifecycle
 from schedproj.core.lanes import LaneKind, LaneSpec, Profile
 from schedproj.core.picker import Policy
 from schedproj.core.planner import TickInput, plan_tick
 from schedproj.core.records import LeaseView, Outcome, RunRecord, SchedRecord
+from schedproj.devtools.redis_server import RedisServer
 from schedproj.on_celery.messages import heavy_kwargs, light_kwargs, pop_dispatch
 from schedproj.on_celery.task import LaneTask, RunContext, RunHeartbeat
 from schedproj.store.lane_store import LaneStore
@@ -44,10 +44,10 @@ QUARANTINE_S = 0.3
 @pytest.fixture
 def servers(tmp_path: Path) -> Iterator[Callable[[], redis.Redis]]:
     """Start private redis-servers on free loopback ports; all killed at the end."""
-    procs: list[RedisProc] = []
+    procs: list[RedisServer] = []
 
     def start() -> redis.Redis:
-        proc = RedisProc(tmp_path, f"redis{len(procs)}")
+        proc = RedisServer(tmp_path, f"redis{len(procs)}")
         proc.start()
         procs.append(proc)
         return redis.Redis.from_url(proc.url, decode_responses=True, socket_timeout=5)

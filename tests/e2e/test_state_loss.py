@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from schedproj.chaos.driver import RedisProc
+from schedproj.devtools.redis_server import RedisServer
 from schedproj.store.lane_store import LaneStore
 from schedproj.store.protocol import Keys
 from tests.conftest import E2E_REDIS_URL
@@ -30,18 +30,18 @@ KEYS = Keys(PREFIX)
 
 
 @pytest.fixture
-def state(tmp_path: Path) -> Iterator[RedisProc]:
-    proc = RedisProc(tmp_path, "state")
+def state(tmp_path: Path) -> Iterator[RedisServer]:
+    proc = RedisServer(tmp_path, "state")
     proc.start()
     yield proc
     proc.kill()
 
 
-def client(proc: RedisProc) -> redis.Redis:
+def client(proc: RedisServer) -> redis.Redis:
     return redis.Redis.from_url(proc.url, decode_responses=True, socket_timeout=2)
 
 
-def cluster(tmp_path: Path, state: RedisProc, scenario: str, **extra: str) -> Cluster:
+def cluster(tmp_path: Path, state: RedisServer, scenario: str, **extra: str) -> Cluster:
     env = dict(os.environ)
     env.update(FAST_SETTINGS)
     env.update({"CELERY_BROKER_URL": E2E_REDIS_URL, "SCHEDPROJ_REDIS_URL": state.url,
@@ -51,18 +51,18 @@ def cluster(tmp_path: Path, state: RedisProc, scenario: str, **extra: str) -> Cl
     return Cluster(env=env, logdir=tmp_path)
 
 
-def journal(proc: RedisProc) -> list[dict]:
+def journal(proc: RedisServer) -> list[dict]:
     return [json.loads(x) for x in client(proc).lrange(KEYS.journal, 0, -1)]
 
 
-def heavy_intervals(proc: RedisProc) -> list[tuple[float, float | None, str]]:
+def heavy_intervals(proc: RedisServer) -> list[tuple[float, float | None, str]]:
     starts = {e["task"]: e for e in journal(proc) if e["ev"] == "start" and e["fence"] > 0}
     ends = {e["task"]: e["t"] for e in journal(proc) if e["ev"] == "end"}
     return sorted((s["t"], ends.get(t), t) for t, s in starts.items())
 
 
 def test_redis_restarting_empty_mid_run_grants_no_second_lease(
-        e2e_redis: redis.Redis, tmp_path: Path, state: RedisProc) -> None:
+        e2e_redis: redis.Redis, tmp_path: Path, state: RedisServer) -> None:
     """Found #1: Redis restarts empty while a heavy run holds the lease, down far less than a
     TTL. The holder re-asserts its lease at its next renewal; beat waits out the quarantine;
     no second heavy run starts while the first runs."""
@@ -98,7 +98,7 @@ def test_redis_restarting_empty_mid_run_grants_no_second_lease(
 
 
 def test_killed_holder_is_recorded_lost_and_a_restarted_worker_frees_its_lease(
-        e2e_redis: redis.Redis, tmp_path: Path, state: RedisProc) -> None:
+        e2e_redis: redis.Redis, tmp_path: Path, state: RedisServer) -> None:
     """Found #9: a run killed with its worker is recorded as outcome ``lost`` (a failure), and
     a heavy worker restarted on the same node frees the dead run's lease at once instead of
     waiting out the lease TTL (30 s here)."""

@@ -10,7 +10,7 @@ from pathlib import Path
 from celery import Celery
 
 from schedproj import Settings, configure_app
-from schedproj.devtools.embedded import free_port
+from schedproj.devtools.redis_server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -19,7 +19,7 @@ from schedproj.core.deferrals import Deferral
 from schedproj.core.health import Posture, assess, deferral_chain
 from schedproj.core.lanes import DeferralReason, LaneSpec, Profile
 from schedproj.core.records import LaneState, LeaseView, RunRecord, SchedRecord
-from schedproj.devtools.embedded import free_port
+from schedproj.devtools.redis_server import free_port
 from schedproj.on_celery.beat import FairScheduler
 from schedproj.ops.watchdog import Latch, step
 from schedproj.store.protocol import Keys

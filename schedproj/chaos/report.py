@@ -1,0 +1,173 @@
+"""What a chaos run found: the audit of its journal, dispatch log and fenced ledger, the
+figures of the faults, and the table printed at the end."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any, TextIO
+
+import redis
+
+from schedproj.chaos.audit import (
+    FAMILY,
+    FAMILY_CADENCE_S,
+    FAMILY_JITTER,
+    FencedLedger,
+    audit,
+    family_members,
+    overlaps_key,
+)
+from schedproj.chaos.faults import RECOVERY_AFTER_S, Figures, fault_count, journal
+from schedproj.chaos.processes import BEAT_LOCK_TTL_S, LEASE_TTL_S, PREFIX, START_DEADLINE_S
+from schedproj.devtools.redis_server import RedisServer
+from schedproj.store.protocol import Keys
+
+CADENCES = {"chaos.h1": 2.0, "chaos.h2": 3.0, "chaos.h3": 4.0, "chaos.pulse": 1.0}
+
+
+def run_figures(figures: Figures, exits: list[str], sentinel: bool,
+                min_faults: dict[str, int]) -> dict[str, Any]:
+    """The report's figures about the run itself (besides the audit's)."""
+    return {"worker_exits": len(exits), "sentinel": sentinel,
+            "state_loss_faults": fault_count(figures.kills, "state-loss"),
+            "min_faults": dict(min_faults),
+            "min_faults_met": all(fault_count(figures.kills, k) >= n
+                                  for k, n in min_faults.items())}
+
+
+def collect(audit_redis: RedisServer, figures: Figures, started: float,
+            ended: float, members: int = 0) -> dict[str, Any]:
+    client = redis.Redis.from_url(audit_redis.url, decode_responses=True)
+    keys = Keys(PREFIX)
+    entries = journal(audit_redis)
+    dispatches = [json.loads(x) for x in client.lrange(keys.dispatch_log, 0, -1)]
+    # A lane must start again within its cadence plus a slack (a lapsed start deadline, lease
+    # TTLs, a beat lock, and the queue behind the other heavy lanes: after a state loss all of
+    # them are due at once), not counting the time a fault and its recovery took (faults come
+    # every few seconds, and a lane may wait through several; see audit()).
+    slack = START_DEADLINE_S + LEASE_TTL_S + BEAT_LOCK_TTL_S + LEASE_TTL_S + 8.0
+    bounds = {lane: cadence + slack for lane, cadence in CADENCES.items()}
+    # A member falls due at up to (1 + jitter) cadences.
+    bounds.update(dict.fromkeys((f"{FAMILY}[{k}]" for k in family_members(members)),
+                                FAMILY_CADENCE_S * (1 + FAMILY_JITTER) + slack))
+    ledger = FencedLedger(client, PREFIX)
+    disruptions = [(began, ended + RECOVERY_AFTER_S.get(kind, 0.0))
+                   for began, kind, ended in figures.log]
+    report = audit(entries, dispatches, due_bounds_s=bounds, window=(started + 15, ended - 2),
+                   ledger=ledger.entries(), disruptions=disruptions)
+
+    def med_max(xs: list[float]) -> dict[str, float | None]:
+        return {"median": round(statistics.median(xs), 3) if xs else None,
+                "max": round(max(xs), 3) if xs else None}
+
+    os_overlaps = [json.loads(x) for x in client.lrange(overlaps_key(PREFIX), 0, -1)]
+    paused = set(figures.paused_fences)
+    after_pause = [o for o in os_overlaps if (o.get("holder") or {}).get("fence") in paused]
+    return {
+        "duration_s": round(ended - started, 1),
+        **report.summary(),
+        "family_members": members,
+        "member_runs": sum(1 for e in entries if e["ev"] == "start"
+                           and str(e.get("lane", "")).startswith(f"{FAMILY}[")),
+        "members_that_ran": len({e["lane"] for e in entries if e["ev"] == "start"
+                                 and str(e.get("lane", "")).startswith(f"{FAMILY}[")}),
+        "os_overlaps": len(os_overlaps) - len(after_pause),
+        "os_overlaps_with_a_paused_holder": len(after_pause),
+        "longest_wait_after_state_loss_s": longest_wait(entries, figures.losses),
+        "faults": dict(figures.kills),
+        "lease_recovery_after_kill_s": med_max(figures.lease_recovery_s),
+        "beat_failover_s": med_max(figures.failover_s),
+        "late_writes_refused": ledger.refused(),
+        "ledger_monotone": ledger.monotone(),
+        "paused_writer_fenced": paused_writers_fenced(entries, figures.paused_fences),
+        "failover_methods": dict(figures.failover_methods),
+        "failover_promotion_s": med_max(figures.promotion_s),
+        "failovers_to_a_lagging_replica": sum(1 for b in figures.replica_behind if b > 0),
+        "details": {
+            "overlaps": [[a.task, b.task] for a, b in report.overlaps],
+            "late_ends": [[a.task, b.task] for a, b in report.late_ends],
+            "duplicates": report.duplicates,
+            "lost": report.lost,
+            "stale_starts": [r.task for r in report.stale_starts],
+            "stale_beat_starts": report.stale_beat_starts,
+            "unended_unrecorded": report.unended_unrecorded,
+            "os_overlaps": [o for o in os_overlaps if o not in after_pause],
+        },
+    }
+
+
+def dump(audit_redis: RedisServer, figures: Figures, path: Path) -> None:
+    client = redis.Redis.from_url(audit_redis.url, decode_responses=True)
+    keys = Keys(PREFIX)
+    path.write_text(json.dumps({
+        "journal": journal(audit_redis),
+        "dispatches": [json.loads(x) for x in client.lrange(keys.dispatch_log, 0, -1)],
+        "ledger": FencedLedger(client, PREFIX).entries(),
+        "os_overlaps": [json.loads(x) for x in client.lrange(overlaps_key(PREFIX), 0, -1)],
+        "faults": figures.log,
+    }))
+
+
+def longest_wait(entries: list[dict[str, Any]], losses: list[float]) -> float | None:
+    """After each state loss, how long until a heavy run started again (the quarantine, plus
+    waiting for the next lane to fall due); the longest of them."""
+    starts = sorted(float(e["t"]) for e in entries if e["ev"] == "start" and e["fence"] > 0)
+    waits = [min((t for t in starts if t > back), default=back) - back for back in losses]
+    return round(max(waits), 2) if waits else None
+
+
+def paused_writers_fenced(entries: list[dict[str, Any]], fences: list[int]) -> bool:
+    """Every holder paused past its TTL ended knowing it had lost the lease (its renewal or
+    a fenced write was refused), so nothing it wrote after losing it was accepted."""
+    if not fences:
+        return False
+    ends = {int(e["fence"]): e for e in entries if e["ev"] == "end"}
+    return all(f in ends and ends[f].get("lost") for f in fences)
+
+
+def render(report: dict[str, Any], out: TextIO) -> None:
+    rows = [
+        ("duration", f"{report['duration_s']} s"),
+        ("heavy runs", report["heavy_runs"]),
+        ("light runs", report["light_runs"]),
+        ("light family: members / member runs / members that ran",
+         f"{report.get('family_members')} / {report.get('member_runs')} / "
+         f"{report.get('members_that_ran')}"),
+        *((f"faults: {k}", v) for k, v in sorted(report["faults"].items())),
+        ("state-loss faults (Redis restarted empty)", report.get("state_loss_faults")),
+        *([("failovers by method", report["failover_methods"]),
+           ("  ... to a replica lacking the latest writes",
+            report["failovers_to_a_lagging_replica"]),
+           ("replica promoted after, median / max",
+            f"{report['failover_promotion_s']['median']} / "
+            f"{report['failover_promotion_s']['max']} s")]
+          if report.get("sentinel") else []),
+        ("overlaps (must be 0)", report["overlaps"]),
+        ("duplicate executions/dispatches (must be 0)", report["duplicates"]),
+        ("lost runs (must be 0)", report["lost_runs"]),
+        ("runs started with a stale fence (must be 0)", report["stale_starts"]),
+        ("overlaps seen by the OS lock (must be 0)", report["os_overlaps"]),
+        ("  ... with a SIGSTOPped holder resumed (fenced)",
+         report["os_overlaps_with_a_paused_holder"]),
+        ("runs from a beat that had lost its lock (must be 0)", report["stale_beat_starts"]),
+        ("killed runs recorded lost", report["recorded_lost"]),
+        ("killed runs not recorded (state lost with them)", report["unended_unrecorded"]),
+        ("worker exits (must be 0)", report["worker_exits"]),
+        ("longest wait after a state loss",
+         f"{report['longest_wait_after_state_loss_s']} s"),
+        ("fenced stragglers (stopped at a checkpoint)", report["fenced_stragglers"]),
+        ("ends journaled after a newer start, no write after it (late, not overlaps)",
+         report["late_ends"]),
+        ("late writes refused by fence", report["late_writes_refused"]),
+        ("ledger fences monotone", report["ledger_monotone"]),
+        ("lease recovery after SIGKILL, median / max",
+         f"{report['lease_recovery_after_kill_s']['median']} / "
+         f"{report['lease_recovery_after_kill_s']['max']} s"),
+        ("beat failover, median / max",
+         f"{report['beat_failover_s']['median']} / {report['beat_failover_s']['max']} s"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        out.write(f"{k:<{width}}  {v}\n")
