@@ -38,13 +38,15 @@ def finished(before: RunRecord, *, task_id: str, outcome: Outcome, reason: str |
     )
 
 
-def lost(before: RunRecord, *, now: float, why: str) -> RunRecord:
-    """The record once the running run it names is known lost at ``now`` (its lease or
-    in-flight mark lapsed with no end recorded). It counts as a failure (so a retry policy
-    applies) and keeps the backlog last reported: the work is still there."""
-    assert before.running_task_id is not None
-    return finished(before, task_id=before.running_task_id, outcome=Outcome.LOST,
-                    reason=f"lost: {why}", backlog=before.backlog, now=now)
+def lost(before: RunRecord, *, now: float, why: str, task_id: str | None = None) -> RunRecord:
+    """The record once run ``task_id`` (default: the running run the record names) is known
+    lost at ``now`` (its lease or in-flight mark lapsed with no end recorded). It counts as a
+    failure (so a retry policy applies) and keeps the backlog last reported: the work is still
+    there."""
+    run = task_id or before.running_task_id
+    assert run is not None
+    return finished(before, task_id=run, outcome=Outcome.LOST, reason=f"lost: {why}",
+                    backlog=before.backlog, now=now)
 
 
 def is_running(before: RunRecord) -> bool:

@@ -21,16 +21,17 @@ same functions.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from schedproj.core import codec, gates
 from schedproj.core.errors import StateError
-from schedproj.core.picker import pick
+from schedproj.core.lanes import LaneSpec
+from schedproj.core.picker import pick, rank_key
 from schedproj.core.pipeline import Decision
 from schedproj.core.records import LaneState, LeaseView
-from schedproj.core.views import effective_last_run, staleness_ratio
+from schedproj.core.views import LaneView, effective_last_run, staleness_ratio
 
 #: Format version of the published pressure record.
 PRESSURE_VERSION = 1
@@ -124,6 +125,28 @@ def yield_reason(*, held_s: float, hold_cap_s: float | None, pressure: Pressure 
     if fence and pressure.fence and pressure.fence != fence:
         return None  # published for another hold
     return PRESSURE if pressure.presses(now, rule) else None
+
+
+def outranks(new: Pressure | None, old: Pressure | None, now: float,
+             spec_of: Callable[[str], LaneSpec | None]) -> bool:
+    """Would the picker choose ``new``'s lane over ``old``'s at ``now``? Ranked by the
+    picker's own key (priority-0, ratio, declared order, name) on each lane's spec
+    (``spec_of``; a lane it no longer knows ranks last)."""
+    if new is None:
+        return False
+    new_spec = spec_of(new.lane)
+    if new_spec is None:
+        return False
+    old_spec = spec_of(old.lane) if old is not None else None
+    if old is None or old_spec is None:
+        return True
+    return rank_key(_view(new, new_spec, now)) < rank_key(_view(old, old_spec, now))
+
+
+def _view(pressure: Pressure, spec: LaneSpec, now: float) -> LaneView:
+    """The pressing lane as the picker sees it (due and waiting)."""
+    return LaneView(spec=spec, ratio=pressure.ratio(now), backlog=0, due=True,
+                    in_flight=False, never_run=pressure.last_run_at is None)
 
 
 def changed(old: Pressure | None, new: Pressure | None) -> bool:
@@ -221,6 +244,7 @@ __all__ = [
     "encode",
     "encode_yield",
     "measure",
+    "outranks",
     "yield_reason",
     "yielded",
 ]
