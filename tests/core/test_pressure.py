@@ -19,10 +19,15 @@ from schedproj.core.pressure import (
     PRESSURE,
     Pressure,
     PressureRule,
+    PressureYield,
+    changed,
     decode,
+    decode_yield,
     encode,
+    encode_yield,
     measure,
     yield_reason,
+    yielded,
 )
 from schedproj.core.records import LaneState, LeaseView, RunRecord, SchedRecord
 from schedproj.sim import compare, forensic
@@ -88,13 +93,20 @@ def test_measure_names_the_lane_the_picker_would_choose_and_skips_gated_lanes() 
 
 
 def test_the_published_record_round_trips_and_garbage_is_reported() -> None:
-    p = press(last=None)
-    assert decode(encode(p), "k") == p
+    for p in (press(last=None), press(last=1234.5, cadence=600.0, p0=True, fence=42),
+              replace(press(last=-7.25), at=99.5)):
+        assert decode(encode(p), "k") == p
     assert decode(encode(None), "k") is None and decode(None, "k") is None
-    with pytest.raises(StateError, match="k"):
-        decode('{"v": 1, "lane": "x"}', "k")
-    with pytest.raises(StateError):
-        decode("nope", "k")
+    for garbage, problem in [
+            ('{"v": 1, "lane": "x"}', "pressure record missing or bad field ('cadence_s')"),
+            ('{"v": 1, "lane": "x", "cadence_s": "soon", "at": 1}', "bad field"),
+            ('{"v": 1, "lane": "x", "cadence_s": 60}', "bad field ('at')"),
+            ("nope", "not valid JSON"),
+            (encode(press()).replace('"v":1', '"v":2'), "version")]:
+        with pytest.raises(StateError) as caught:
+            decode(garbage, "sp:pressure")
+        assert caught.value.key == "sp:pressure", garbage
+        assert problem in caught.value.problem, (garbage, caught.value.problem)
 
 
 # -- measure evaluates gates exactly as decide does ------------------------------------------
@@ -141,6 +153,133 @@ def test_measure_leaves_out_a_lane_a_paused_running_blocker_holds_back() -> None
     p = measure(decide(lanes, states, HOLDER_LEASE, now), states, HOLDER_LEASE, now)
     assert p is not None and p.lane == "other"
     assert (p.last_run_at, p.cadence_s, p.fence, p.at) == (now - 120.0, 60.0, 9, now)
+
+
+def test_a_published_record_with_only_the_old_fields_reads_with_their_defaults() -> None:
+    old = '{"v": 1, "lane": "x", "cadence_s": 60, "at": 5}'
+    assert decode(old, "k") == Pressure(lane="x", cadence_s=60.0, last_run_at=None,
+                                        priority0=False, fence=0, at=5.0)
+
+
+@pytest.mark.parametrize(("old", "new", "says_more"), [
+    (None, None, False),
+    (None, press(), True),
+    (press(), None, True),
+    (press(), replace(press(), at=500.0), False),
+    (press(), press(), False),
+    (press(), replace(press(), lane="other"), True),
+    (press(), press(last=10.0), True),
+    (press(), press(last=None), True),
+    (press(), press(cadence=600.0), True),
+    (press(), press(p0=True), True),
+    (press(), press(fence=8), True),
+], ids=["nobody", "appears", "goes", "looked-again", "same", "other-lane", "ran-since",
+        "never-ran", "other-cadence", "priority0", "other-hold"])
+def test_pressure_is_republished_only_when_it_says_something_new(
+        old: Pressure | None, new: Pressure | None, says_more: bool) -> None:
+    assert changed(old, new) is says_more
+
+
+def test_a_priority0_lane_presses_at_once_and_others_from_the_target_ratio() -> None:
+    rule = PressureRule(target_ratio=1.5, min_hold_s=0.0)
+    assert press(p0=True, last=100.0).presses(100.0, rule)
+    assert not press(last=0.0, cadence=60.0).presses(89.0, rule)
+    assert press(last=0.0, cadence=60.0).presses(90.0, rule)
+    assert press(last=None).ratio(0.0) == math.inf
+
+
+def test_pressure_yields_from_the_minimum_hold_on_the_hold_it_was_published_for() -> None:
+    p = press(last=0.0, fence=7)
+    kw = {"hold_cap_s": None, "pressure": p, "rule": RULE, "now": 500.0}
+    assert yield_reason(held_s=10.0, fence=7, **kw) == PRESSURE  # type: ignore[arg-type]
+    assert yield_reason(held_s=9.99, fence=7, **kw) is None  # type: ignore[arg-type]
+    assert yield_reason(held_s=60.0, fence=0, **kw) == PRESSURE  # type: ignore[arg-type]
+    assert yield_reason(held_s=60.0, fence=8, **kw) is None  # type: ignore[arg-type]
+    # A record that names no hold (an older beat's) counts for any.
+    assert yield_reason(held_s=60.0, hold_cap_s=None, pressure=press(last=0.0, fence=0),
+                        rule=RULE, now=500.0, fence=8) == PRESSURE
+    assert yield_reason(held_s=60.0, hold_cap_s=None, pressure=None, rule=RULE,
+                        now=500.0) is None
+    # The hold cap wins over a pressure that does not press yet.
+    assert yield_reason(held_s=1800.0, hold_cap_s=1800.0, pressure=press(last=499.0),
+                        rule=RULE, now=500.0) == HOLD_CAP
+
+
+def test_a_pressure_yield_is_recorded_with_a_finite_ratio_and_round_trips() -> None:
+    record = yielded(lane="long", task_id="r-1", fence=7, held_s=42.5, now=300.0,
+                     pressure=press(last=0.0, cadence=60.0))
+    assert record == PressureYield(lane="long", task_id="r-1", fence=7, held_s=42.5, at=300.0,
+                                   pressing="short", ratio=5.0)
+    assert decode_yield(encode_yield(record), "k") == record
+    never = yielded(lane="long", task_id="r-2", fence=8, held_s=11.0, now=300.0,
+                    pressure=press(last=None))
+    assert never.ratio == 1e9 and decode_yield(encode_yield(never), "k") == never
+    assert decode_yield(None, "k") is None
+
+
+@pytest.mark.parametrize(("garbage", "problem"), [
+    ('{"v": 1, "lane": "long"}', "pressure yield record missing or bad field ('task_id')"),
+    ('{"v": 1, "lane": "a", "task_id": "t", "fence": "x", "held_s": 1, "at": 1, '
+     '"pressing": "b", "ratio": 1}', "pressure yield record missing or bad field"),
+    ("[1, 2]", ""),
+    ('{"v": 9, "lane": "a"}', "version"),
+])
+def test_a_garbled_yield_record_is_reported_naming_its_key(garbage: str, problem: str) -> None:
+    with pytest.raises(StateError) as caught:
+        decode_yield(garbage, "sp:last-yield")
+    assert caught.value.key == "sp:last-yield"
+    assert problem in caught.value.problem
+
+
+def test_measure_names_nobody_when_no_heavy_lane_waits() -> None:
+    lanes = [_spec("holder", 60, 1), _spec("fresh", 600, 2),
+             LaneSpec(name="light", task_name="light", kind=LaneKind.LIGHT, cadence_s=60,
+                      order=3)]
+    now = 1000.0
+    states = {"holder": LaneState(run=RunRecord(last_run_at=0.0)),
+              "fresh": LaneState(run=RunRecord(last_run_at=now - 10)),
+              "light": LaneState(run=RunRecord(last_run_at=0.0))}
+    # The holder is due itself and light is due: neither presses on the lease.
+    assert measure(decide(lanes, states, HOLDER_LEASE, now), states, HOLDER_LEASE,
+                   now) is None
+
+
+def test_measure_names_a_waiting_priority0_lane_over_a_staler_one() -> None:
+    lanes = [_spec("holder", 60, 1), _spec("stale", 60, 2),
+             _spec("backup", 86400, 3, priority0=True)]
+    now = 100_000.0
+    states = {"holder": LaneState(run=RunRecord(last_run_at=now)),
+              "stale": LaneState(run=RunRecord(last_run_at=0.0)),
+              "backup": LaneState(run=RunRecord(last_run_at=now - 90_000))}
+    p = measure(decide(lanes, states, HOLDER_LEASE, now), states, HOLDER_LEASE, now)
+    assert p == Pressure(lane="backup", cadence_s=86400.0, last_run_at=now - 90_000,
+                         priority0=True, fence=9, at=now)
+
+
+def test_measure_publishes_the_last_run_capped_for_a_skewed_worker_clock() -> None:
+    """A worker clock an hour ahead wrote a future last run; what is published is the one
+    the picker ranks with (last dispatch + cadence), so the holder sees the true pressure."""
+    lanes = [_spec("holder", 60, 1), _spec("skewed", 60, 2)]
+    now = 10_000.0
+    states = {"holder": LaneState(run=RunRecord(last_run_at=now)),
+              "skewed": LaneState(run=RunRecord(last_run_at=now + 3600),
+                                  sched=SchedRecord(last_dispatch_at=now - 600))}
+    p = measure(decide(lanes, states, HOLDER_LEASE, now), states, HOLDER_LEASE, now)
+    assert p is not None and (p.lane, p.last_run_at) == ("skewed", now - 540)
+
+
+def test_measure_under_the_legacy_policy_ignores_the_gates_the_original_lacked() -> None:
+    lanes = [_spec("holder", 60, 1), _spec("producer", 600, 2),
+             _spec("gated", 60, 3, gates=(Gate("producer", GateCondition.DUE_OR_RUNNING),))]
+    now = 10_000.0
+    states = {"holder": LaneState(run=RunRecord(last_run_at=now)),
+              "producer": LaneState(run=RunRecord(last_run_at=now - 700)),
+              "gated": LaneState(run=RunRecord(last_run_at=0.0))}
+    decision = decide(lanes, states, HOLDER_LEASE, now)
+    p = measure(decision, states, HOLDER_LEASE, now)
+    assert p is not None and p.lane == "producer"
+    legacy = measure(decision, states, HOLDER_LEASE, now, legacy=True)
+    assert legacy is not None and legacy.lane == "gated"
 
 
 # -- the simulator ------------------------------------------------------------------------------
