@@ -6,6 +6,7 @@ it works from any machine that reaches Redis, without the lanes' code.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from schedproj.core.records import LaneState, LeaseView, SchedRecord, replace
 from schedproj.store.lane_store import UNREADABLE_LEASE, parse_states
 from schedproj.store.lease import parse_lease
 from schedproj.store.protocol import LEASE_ACQUISITIONS, Keys
+from schedproj.telemetry.sanity import as_count, as_number, bad_field, shown, watchdog_problem
 
 
 @dataclass(frozen=True)
@@ -55,116 +57,243 @@ class Observation:
     def health(self, *, starvation_threshold_s: float | None = None,
                hold_cap_s: float | None = None, profile: Profile | None = None) -> Health:
         reg = self.registry
+        published = reg.get("profile")
         return assess(
             self.specs, self.states, self.lease, self.now,
-            profile or Profile(reg.get("profile", Profile.LOCAL.value)),
+            profile or (Profile(published) if published in set(Profile) else Profile.LOCAL),
             starvation_threshold_s=starvation_threshold_s
-            or float(reg.get("starvation_threshold_s", 3600.0)),
-            hold_cap_s=hold_cap_s or float(reg.get("hold_cap_s", 1800.0)),
+            or positive(reg.get("starvation_threshold_s"), 3600.0),
+            hold_cap_s=hold_cap_s or positive(reg.get("hold_cap_s"), 1800.0),
             unreadable=[k for k in self.errors if not k.startswith("<")]
             + (["<lease>"] if "<lease>" in self.errors else []),
         )
 
 
+#: What :func:`observe` reads: (Keys attribute, command, the Redis type it expects, the value
+#: an absent key reads as). A key of another type is reported and read as that empty value.
+READS: tuple[tuple[str, str, str, Any], ...] = (
+    ("published_lanes", "get", "string", None), ("lanes", "hgetall", "hash", {}),
+    ("lease", "get", "string", None), ("errors", "hgetall", "hash", {}),
+    ("beat_info", "hgetall", "hash", {}), ("beat_lock", "get", "string", None),
+    ("watchdog", "get", "string", None), ("counters", "hgetall", "hash", {}),
+    ("paused", "smembers", "set", set()), ("pressure", "hgetall", "hash", {}),
+)
+
+
+def wrong_type(client: redis.Redis, key: str, expected: str, exc: Exception) -> str:
+    """The problem line for a key Redis refused to read as ``expected`` (WRONGTYPE)."""
+    try:
+        found = str(client.type(key))
+    except redis.ResponseError:
+        found = "another type"
+    return (f"Redis key {key!r} holds a {found} where schedproj keeps a {expected} ({exc}): "
+            "reported and read as empty, not a Redis outage. Fix: inspect it (redis-cli "
+            f"TYPE/DUMP) and delete it (redis-cli DEL {key}); schedproj writes it again")
+
+
+def read_all(client: redis.Redis, keys: Keys, problems: list[str]) -> dict[str, Any]:
+    """Every key of :data:`READS` in one round trip, by attribute. Connection errors raise
+    (Redis is unreachable); a key of the wrong type is reported in ``problems``."""
+    pipe = client.pipeline(transaction=False)
+    for attr, command, _, _ in READS:
+        getattr(pipe, command)(getattr(keys, attr))
+    out: dict[str, Any] = {}
+    for (attr, _, expected, empty), reply in zip(READS, pipe.execute(raise_on_error=False),
+                                                 strict=True):
+        if isinstance(reply, redis.ResponseError):
+            problems.append(wrong_type(client, getattr(keys, attr), expected, reply))
+            reply = empty
+        elif isinstance(reply, Exception):
+            raise reply
+        out[attr] = reply
+    return out
+
+
+def positive(value: Any, default: float) -> float:
+    """A published setting, if it is a positive number; else the default."""
+    number = as_number(value)
+    return number if number is not None and number > 0 else default
+
+
 def observe(client: redis.Redis, keys: Keys, specs: tuple[LaneSpec, ...] | None = None,
             now: float | None = None,
             families: list[dict[str, Any]] | None = None) -> Observation:
-    """Read everything the operator views need in one round trip."""
-    pipe = client.pipeline(transaction=False)
-    pipe.get(keys.published_lanes)
-    pipe.hgetall(keys.lanes)
-    pipe.get(keys.lease)
-    pipe.hgetall(keys.errors)
-    pipe.hgetall(keys.beat_info)
-    pipe.get(keys.beat_lock)
-    pipe.get(keys.watchdog)
-    pipe.hgetall(keys.counters)
-    pipe.smembers(keys.paused)
-    pipe.hgetall(keys.pressure)
-    replies = pipe.execute(raise_on_error=False)
-    for reply in replies[:-1]:
-        if isinstance(reply, Exception):
-            raise reply
-    (raw_registry, raw_lanes, raw_lease, raw_errors, beat, lock, raw_watchdog, counters,
-     paused, raw_pressure) = replies
+    """Read everything the operator views need in one round trip. Whatever a key holds, this
+    returns: what cannot be used is named in ``problems`` or ``errors`` and left out."""
     problems: list[str] = []
-    pressure = read_pressure(raw_pressure, keys, problems)
+    raw = read_all(client, keys, problems)
+    pressure = read_pressure(raw["pressure"], keys, problems)
     registry: dict[str, Any] = {}
     if specs is None:
-        specs, registry = read_registry(raw_registry, keys, problems)
-    states, errors = parse_states(raw_lanes, keys.lanes)
-    errors = {**raw_errors, **errors}
+        specs, registry = read_registry(raw["published_lanes"], keys, problems)
+    states, errors = parse_states(raw["lanes"], keys.lanes)
+    errors = {**raw["errors"], **errors, **drop_insane(states, keys.lanes)}
     if families is not None:
         registry = {**registry, "families": families}
-    families_, members = family_specs(registry, states, problems)
+    families_, members = family_specs(registry, states, problems, keys.published_lanes)
     specs = (*specs, *members)
-    sizes = family_sizes(client, keys, families_)
-    for lane in paused:  # an operator's pause lives apart from beat's records
+    for lane in raw["paused"]:  # an operator's pause lives apart from beat's records
         state = states.get(lane, LaneState())
         states[lane] = replace(state, sched=replace(state.sched or SchedRecord(), paused=True))
-    try:
-        lease = parse_lease(raw_lease, keys.lease)
-    except StateError as exc:
-        errors["<lease>"] = str(exc)
-        lease = UNREADABLE_LEASE
-    watchdog = None
-    if raw_watchdog is not None:
-        try:
-            watchdog = json.loads(raw_watchdog)
-        except ValueError:
-            problems.append(f"{keys.watchdog}: unreadable watchdog record")
+    lease = read_lease(raw["lease"], keys, errors)
+    beat = read_beat_info(raw["beat_info"], keys, problems)
+    counters, acquisitions = read_counters(raw["counters"], keys, problems)
     return Observation(
         now=time.time() if now is None else now, specs=tuple(specs), registry=registry,
         states=states, lease=lease, errors=errors, beat=beat,
-        beat_lock_held=lock is not None and lock == beat.get("token"),
-        watchdog=watchdog,
-        counters={k: int(v) for k, v in counters.items()
-                  if k != LEASE_ACQUISITIONS and str(v).lstrip("-").isdigit()},
-        lease_acquisitions=int(counters.get(LEASE_ACQUISITIONS, "0"))
-        if str(counters.get(LEASE_ACQUISITIONS, "0")).isdigit() else 0,
-        problems=problems, families=families_, family_sizes=sizes, **pressure,
+        beat_lock_held=raw["beat_lock"] is not None
+        and raw["beat_lock"] == raw["beat_info"].get("token"),
+        watchdog=read_watchdog(raw["watchdog"], keys, problems),
+        counters=counters, lease_acquisitions=acquisitions, problems=problems,
+        families=families_, family_sizes=family_sizes(client, keys, families_, problems),
+        **pressure,
     )
+
+
+def drop_insane(states: dict[str, LaneState], key: str) -> dict[str, str]:
+    """Take out the lanes whose records hold a number no tool can use (a huge integer the
+    codec let through); their errors, by lane."""
+    errors = {}
+    for lane, state in list(states.items()):
+        problem = bad_field(state)
+        if problem is not None:
+            del states[lane]
+            errors[lane] = (f"state at Redis key {key!r} of lane {lane!r}: {problem}. Fix: "
+                            f"delete the lane's fields (redis-cli HDEL {key} '{lane}|run' "
+                            f"'{lane}|sched'); the lane is then scheduled afresh")
+    return errors
+
+
+def read_lease(raw: Any, keys: Keys, errors: dict[str, str]) -> LeaseView | None:
+    """The lease record; an unreadable one is an error under ``<lease>``."""
+    try:
+        lease = parse_lease(raw, keys.lease)
+        problem = bad_field(lease)
+        if problem is not None:
+            raise StateError(keys.lease, problem)
+    except StateError as exc:
+        errors["<lease>"] = str(exc)
+        return UNREADABLE_LEASE
+    return lease
+
+
+def read_beat_info(raw: dict[str, str], keys: Keys, problems: list[str]) -> dict[str, str]:
+    """What the active beat says of itself, without its lock token (a secret: whoever has it
+    can act as the active beat) and without a start time that is not a time."""
+    beat = {k: v for k, v in raw.items() if k != "token"}
+    if "token" in raw:
+        beat["lock_id"] = hashlib.sha256(str(raw["token"]).encode()).hexdigest()[:8]
+    if "since" in beat and as_number(beat["since"]) is None:
+        problems.append(f"Redis key {keys.beat_info!r} field since = {shown(beat.pop('since'))}"
+                        " is not a time: reported and left out. Fix: restart beat (it "
+                        "rewrites the key) or delete the key")
+    return beat
+
+
+def read_watchdog(raw: str | None, keys: Keys, problems: list[str]) -> dict[str, Any] | None:
+    """The watchdog latch, if it is one; what is not is reported and left out."""
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        data = raw
+    problem = watchdog_problem(data)
+    if problem is not None:
+        problems.append(f"{keys.watchdog}: unreadable watchdog record ({problem}). Fix: "
+                        f"delete the key (redis-cli DEL {keys.watchdog}); the watchdog lane "
+                        "writes it again")
+        return None
+    return dict(data)
+
+
+def read_counters(raw: dict[str, str], keys: Keys,
+                  problems: list[str]) -> tuple[dict[str, int], int]:
+    """(the labelled counters, the lease grants); a field that is not a count is reported."""
+    counters: dict[str, int] = {}
+    for name, value in raw.items():
+        count = as_count(value)
+        if count is None:
+            problems.append(f"Redis key {keys.counters!r} field {name!r} = {shown(value)} is "
+                            f"not a count: reported and left out. Fix: redis-cli HDEL "
+                            f"{keys.counters} '{name}' (the count starts again from 0)")
+            continue
+        counters[name] = count
+    return ({k: v for k, v in counters.items() if k != LEASE_ACQUISITIONS},
+            max(0, counters.get(LEASE_ACQUISITIONS, 0)))
 
 
 def read_registry(raw: str | None, keys: Keys,
                   problems: list[str]) -> tuple[tuple[LaneSpec, ...], dict[str, Any]]:
-    """The lanes (and settings, families) the last beat published; problems noted."""
+    """The lanes (and settings, families) the last beat published; problems noted. A lane
+    whose spec holds a value no tool can use (a cadence of 0 or 1e400) is reported and left
+    out."""
     if raw is None:
         problems.append("no lane registry in Redis yet: no beat has run with this prefix")
         return (), {}
     try:
-        return specs_from_registry(raw, keys.published_lanes)
+        specs, registry = specs_from_registry(raw, keys.published_lanes)
     except StateError as exc:
         problems.append(str(exc))
         return (), {}
+    usable = []
+    for spec in specs:
+        problem = bad_field(spec) or (None if (as_number(spec.cadence_s) or 0) > 0
+                                      else "cadence_s is not above 0")
+        if problem is None:
+            usable.append(spec)
+        else:
+            problems.append(f"Redis key {keys.published_lanes!r}: lane {spec.name!r} has "
+                            f"{problem}: left out. Fix: restart beat (it publishes the lane "
+                            "set again)")
+    return tuple(usable), registry
 
 
-def family_sizes(client: redis.Redis, keys: Keys, families: dict[str, LaneSpec]) -> dict[str, int]:
-    """How many members each family has (one round trip)."""
+def family_sizes(client: redis.Redis, keys: Keys, families: dict[str, LaneSpec],
+                 problems: list[str]) -> dict[str, int]:
+    """How many members each family has (one round trip); a member set of the wrong type is
+    reported and counts 0."""
     if not families:
         return {}
     pipe = client.pipeline(transaction=False)
     for name in families:
         pipe.scard(keys.family(name))
-    return {name: int(n) for name, n in zip(families, pipe.execute(), strict=True)}
+    sizes = {}
+    for name, n in zip(families, pipe.execute(raise_on_error=False), strict=True):
+        if isinstance(n, redis.ResponseError):
+            problems.append(wrong_type(client, keys.family(name), "set", n))
+        elif isinstance(n, Exception):
+            raise n
+        sizes[name] = n if isinstance(n, int) else 0
+    return sizes
 
 
-def family_specs(registry: dict[str, Any], states: dict[str, LaneState],
-                 problems: list[str]) -> tuple[dict[str, LaneSpec], list[LaneSpec]]:
+def family_specs(registry: dict[str, Any], states: dict[str, LaneState], problems: list[str],
+                 key: str = "the lane registry",
+                 ) -> tuple[dict[str, LaneSpec], list[LaneSpec]]:
     """The published families, and the specs of their members that have state."""
     families: dict[str, LaneSpec] = {}
     jitters: dict[str, float] = {}
-    for raw in registry.get("families", []):
+    declared = registry.get("families", [])
+    for raw in declared if isinstance(declared, list) else [declared]:
         try:
             spec = LaneSpec(**{**{k: v for k, v in raw.items() if k != "jitter"},
                                "kind": LaneKind(raw["kind"]),
                                "deployment": DeploymentClass(raw["deployment"]),
                                "gates": tuple(Gate(**g) for g in raw["gates"])})
-        except (ValueError, KeyError, TypeError) as exc:
-            problems.append(f"unreadable family in the lane registry ({exc})")
+            jitter = as_number(raw.get("jitter", 0.0))
+            problem = bad_field(spec) or (None if (as_number(spec.cadence_s) or 0) > 0
+                                          and jitter is not None and 0 <= jitter <= 0.5
+                                          else "a cadence or jitter out of range")
+            if problem is not None:
+                raise ValueError(problem)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            problems.append(f"unreadable family in the lane registry at Redis key {key!r} "
+                            f"({exc}): left out. Fix: restart beat (it publishes the lane set "
+                            "again)")
             continue
         families[spec.name] = spec
-        jitters[spec.name] = float(raw.get("jitter", 0.0))
+        jitters[spec.name] = jitter or 0.0
     members = []
     for lane in states:
         parts = split_member(lane)
@@ -186,6 +315,9 @@ def read_pressure(raw: Any, keys: Keys, problems: list[str]) -> dict[str, Any]:
             out[name] = decode(raw.get(fld), f"{keys.pressure} field {fld}")
         except StateError as exc:
             problems.append(str(exc))
-    count = str(raw.get("yields", "0"))
-    out["pressure_yields"] = int(count) if count.isdigit() else 0
+    count = as_count(raw.get("yields", "0"))
+    if count is None:
+        problems.append(f"Redis key {keys.pressure!r} field yields = "
+                        f"{shown(raw.get('yields'))} is not a count: reported, read as 0")
+    out["pressure_yields"] = max(0, count or 0)
     return out

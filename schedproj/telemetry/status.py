@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict
 from typing import Any
 
@@ -13,6 +14,22 @@ from rich.text import Text
 from schedproj.core.families import FamilyStats, fold, split_member
 from schedproj.core.health import Health
 from schedproj.telemetry.observe import Observation
+
+#: C0 and C1 control characters and DEL: an escape sequence in a lane's failure reason (say
+#: ``ESC ] 0 ; title BEL``) would retitle, recolour or scramble the operator's terminal.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(value: Any) -> str:
+    """``value`` as text safe for a terminal: control characters shown as ``\\xNN`` escapes.
+    Markup is not a concern here: every cell and line is a :class:`rich.text.Text`, which
+    Rich never parses as markup."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(value))
+
+
+def cell(value: Any) -> Text:
+    """A table cell or line holding data: never markup, never terminal control."""
+    return Text(printable(value))
 
 
 def _ago(now: float, then: float | None) -> str:
@@ -142,8 +159,8 @@ def _family_table(obs: Observation, health: Health) -> Table:
                 "worst member"):
         table.add_column(col, no_wrap=col in ("family", "worst member"))
     for f in families_folded(obs, health):
-        table.add_row(f.family, f.kind, str(f.members), str(f.due), str(f.deferred),
-                      str(f.running), _ratio(f.max_ratio) if f.worst else "-", f.worst or "-")
+        table.add_row(*map(cell, (f.family, f.kind, f.members, f.due, f.deferred, f.running,
+                                  _ratio(f.max_ratio) if f.worst else "-", f.worst or "-")))
     return table
 
 
@@ -166,9 +183,9 @@ def _lane_table(obs: Observation, health: Health, family: str | None = None) -> 
         outcome = h.last_outcome or "-"
         if h.last_reason and h.last_outcome in ("failed", "skipped", "yielded"):
             outcome = f"{outcome}: {h.last_reason}"[:60]
-        table.add_row(h.name, h.kind, h.queue, h.deployment, _duration(h.cadence_s),
-                      _ago(now, h.last_run_at), _ratio(h.ratio), lane_state_word(h), why,
-                      outcome, str(h.runs), str(h.failures))
+        table.add_row(*map(cell, (h.name, h.kind, h.queue, h.deployment, _duration(h.cadence_s),
+                                  _ago(now, h.last_run_at), _ratio(h.ratio),
+                                  lane_state_word(h), why, outcome, h.runs, h.failures)))
     return table
 
 
@@ -195,7 +212,8 @@ def render(obs: Observation, health: Health, family: str | None = None) -> Group
         lines.append("beat: none has run with this prefix")
     if obs.watchdog:
         w = obs.watchdog
-        alarm = (f"STALL since {_ago(now, w.get('stall_since'))}: {', '.join(w['reasons'])}"
+        reasons = ", ".join(map(str, w.get("reasons", [])))
+        alarm = (f"STALL since {_ago(now, w.get('stall_since'))}: {reasons}"
                  if w.get("stalled") else "no stall")
         lines.append(f"watchdog: {w.get('posture')} ({alarm}; checked "
                      f"{_ago(now, w.get('assessed_at'))})")
@@ -207,4 +225,4 @@ def render(obs: Observation, health: Health, family: str | None = None) -> Group
     for problem in obs.problems:
         lines.append(f"problem: {problem}")
     folded = [_family_table(obs, health)] if obs.families and family is None else []
-    return Group(table, *folded, *(Text(line) for line in lines))
+    return Group(table, *folded, *(cell(line) for line in lines))

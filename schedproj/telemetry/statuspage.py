@@ -16,6 +16,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from schedproj.telemetry.sanity import as_count, as_number
+
 #: The timeline and ratio charts cover this much of the past (seconds).
 WINDOW_S = 3600.0
 #: Colours of run outcomes on the timeline (a run still going is "running").
@@ -26,6 +28,8 @@ OUTCOME_COLOURS = {
 LANE_COLOURS = ("#1565c0", "#2e7d32", "#ef6c00", "#6a1b9a", "#00838f", "#ad1457", "#5d4037",
                 "#455a64")
 CHART_W, LABEL_W, ROW_H = 900, 190, 22
+#: A journal time past this (the year 5138) is no time a run had: the page skips the entry.
+LATEST_TIME = 1e11
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,19 @@ class Bar:
         return self.outcome == "lost"
 
 
+def run_entry(e: Any) -> tuple[tuple[str, int], str, float] | None:
+    """(task id and fence, event, time) of a journal entry that describes a run; None for
+    anything else (not an object, a field missing, a time that is no time)."""
+    if not isinstance(e, Mapping) or e.get("ev") not in ("start", "end", "lost"):
+        return None
+    fence, t = as_count(e.get("fence")), as_number(e.get("t"))
+    if fence is None or t is None or not 0 <= t <= LATEST_TIME or "task" not in e:
+        return None
+    if e["ev"] == "start" and not isinstance(e.get("lane"), str):
+        return None
+    return (str(e["task"]), fence), str(e["ev"]), t
+
+
 def runs_from_journal(journal: Iterable[Mapping[str, Any]], now: float,
                       window_s: float = WINDOW_S) -> list[Bar]:
     """Pair starts with ends (by task id and fence) and keep the runs that overlap the window.
@@ -53,16 +70,17 @@ def runs_from_journal(journal: Iterable[Mapping[str, Any]], now: float,
     ends: dict[tuple[str, int], Mapping[str, Any]] = {}
     lost: dict[str, Mapping[str, Any]] = {}
     for e in journal:
-        try:
-            key, ev = (str(e["task"]), int(e["fence"])), e["ev"]
-        except (KeyError, TypeError, ValueError):
+        parsed = run_entry(e)
+        if parsed is None:
             continue  # not a run entry: nothing to draw
+        key, ev, t = parsed
+        entry = {**e, "t": t}
         if ev == "start":
-            starts.setdefault(key, e)
+            starts.setdefault(key, entry)
         elif ev == "end":
-            ends[key] = e
-        elif ev == "lost":
-            lost[key[0]] = e
+            ends[key] = entry
+        else:
+            lost[key[0]] = entry
     bars = [_bar(key, begun, ends.get(key), lost.get(key[0])) for key, begun in starts.items()]
     since = now - window_s
     return sorted((b for b in bars if b.end is None or b.end >= since),
@@ -304,7 +322,8 @@ def _watchdog_text(status: Mapping[str, Any]) -> str:
     w = status.get("watchdog")
     if not w:
         return text + " (the watchdog lane has not run yet)"
-    alarm = "STALL: " + ", ".join(w.get("reasons", [])) if w.get("stalled") else "no stall"
+    alarm = "STALL: " + ", ".join(map(str, w.get("reasons", []))) if w.get("stalled") \
+        else "no stall"
     checked = w.get("assessed_at")
     when = f", checked {_duration(status['now'] - checked)} ago" if checked else ""
     return f"{text}; {alarm}{when}"
@@ -322,9 +341,9 @@ def fit_window(journal: Sequence[Mapping[str, Any]], now: float, *,
                floor_s: float = 30.0) -> float:
     """The charts' span: the last hour, or less when the journal starts later (a young
     deployment's runs would be a sliver at the right edge), never under ``floor_s``."""
-    starts = [float(e["t"]) for e in journal
-              if e.get("ev") == "start" and isinstance(e.get("t"), int | float)
-              and now - float(e["t"]) <= WINDOW_S]
+    entries = [run_entry(e) for e in journal]
+    starts = [t for e in entries if e is not None and e[1] == "start"
+              for t in (e[2],) if now - t <= WINDOW_S]
     if not starts:
         return WINDOW_S
     return min(WINDOW_S, max(floor_s, (now - min(starts)) * 1.1))

@@ -28,7 +28,7 @@ from schedproj.settings import Settings
 from schedproj.store.connection import connect
 from schedproj.store.protocol import Keys
 from schedproj.telemetry import statuspage
-from schedproj.telemetry.observe import observe
+from schedproj.telemetry.observe import observe, wrong_type
 from schedproj.telemetry.status import as_json
 
 logger = logging.getLogger(__name__)
@@ -63,16 +63,30 @@ class Deployment:
         data: dict[str, Any] = json.loads(json.dumps(as_json(obs, health), default=str))
         return data
 
-    def journal(self) -> list[dict[str, Any]]:
+    def journal(self, problems: list[str] | None = None) -> list[dict[str, Any]]:
+        """The journal's newest entries that are JSON objects; a journal of the wrong type
+        is reported in ``problems`` and reads as empty."""
+        try:
+            raw = self.audit.lrange(self.keys.journal, -JOURNAL_READ, -1)
+        except redis.ResponseError as exc:
+            if problems is not None:
+                problems.append(wrong_type(self.audit, self.keys.journal, "list", exc))
+            return []
         entries = []
-        for raw in self.audit.lrange(self.keys.journal, -JOURNAL_READ, -1):
+        for item in raw:
             try:
-                entry = json.loads(raw)
+                entry = json.loads(item)
             except ValueError:
                 continue
             if isinstance(entry, dict):
                 entries.append(entry)
         return entries
+
+    def read(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """(the status, the journal) for the page; the journal's problems among the
+        status's."""
+        status = self.status()
+        return status, self.journal(status.setdefault("problems", []))
 
 
 class StatusServer(ThreadingHTTPServer):
@@ -90,6 +104,15 @@ class Handler(BaseHTTPRequestHandler):
     server: StatusServer
 
     def do_GET(self) -> None:
+        try:
+            self._route()
+        except Exception:  # a bug must cost one reply, never the connection or a traceback
+            logger.exception("status server: %s failed", self.path[:200])
+            self._send(500, "text/plain; charset=utf-8",
+                       b"schedproj could not build this reply (a bug: beat's log has the "
+                       b"details; please report it)\n")
+
+    def _route(self) -> None:
         path = self.path.split("?", 1)[0].rstrip("/") or "/"
         if path == "/metrics":
             self._send(200, CONTENT_TYPE_LATEST, generate_latest(self.server.registry))
@@ -104,9 +127,12 @@ class Handler(BaseHTTPRequestHandler):
             return
         try:
             route()
-        except redis.RedisError as exc:
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
             self._send(503, "text/plain; charset=utf-8",
                        f"Redis unreachable from beat: {exc}\n".encode())
+        except redis.RedisError as exc:
+            self._send(503, "text/plain; charset=utf-8",
+                       f"Redis refused a read from beat: {exc}\n".encode())
 
     def _allowed(self) -> bool:
         if not self.server.page_allowed:
@@ -128,16 +154,14 @@ class Handler(BaseHTTPRequestHandler):
         return False
 
     def _page(self) -> None:
-        d = self.server.deployment
-        page = statuspage.render_page(d.status(), d.journal())
+        page = statuspage.render_page(*self.server.deployment.read())
         self._send(200, "text/html; charset=utf-8", page.encode())
 
     def _api_status(self) -> None:
         self._json(self.server.deployment.status())
 
     def _api_timeline(self) -> None:
-        d = self.server.deployment
-        self._json(statuspage.api_timeline(d.status(), d.journal()))
+        self._json(statuspage.api_timeline(*self.server.deployment.read()))
 
     def _json(self, data: Mapping[str, Any]) -> None:
         self._send(200, "application/json", statuspage.dumps(data).encode())
