@@ -6,15 +6,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from schedproj.core.deferrals import LEASE_WAITS, Deferral
-from schedproj.core.dueindex import TickMemory, next_look, waits_for_lease
-from schedproj.core.lanes import DeferralReason, LaneKind
+from schedproj.core.dueindex import NEVER, TickMemory, next_look, waits_for_lease, with_changes
+from schedproj.core.lanes import DeferralReason, LaneKind, LaneSpec, Profile
 from schedproj.core.picker import Policy
+from schedproj.core.pipeline import decide
 from schedproj.core.planner import TickInput, plan_tick
-from schedproj.core.records import LaneState, LeaseView
+from schedproj.core.records import LaneState, LeaseView, Outcome, RunRecord, SchedRecord
 from tests.core.test_picker_properties import PROPERTY, Scenario, scenarios
 
 
@@ -73,21 +75,31 @@ def test_planning_the_focus_decides_what_planning_every_lane_decides(sc: Scenari
 def test_skipping_lanes_that_wait_for_the_same_lease_changes_nothing(
         sc: Scenario, data: st.DataObject) -> None:
     """While the same lease is held, a heavy lane already recorded as waiting for it needs no
-    work: the full plan writes nothing for it and nothing else depends on it."""
+    work: the full plan writes nothing for it and nothing else depends on it. The lanes that
+    wait are the ones this test records as waiting (not what ``waits_for_lease`` says)."""
     assert sc.lease is not None
     blockers = {g.blocker for s in sc.lanes for g in s.gates}
     states = dict(sc.states)
+    recorded: set[str] = set()
     for s in sc.lanes:
         if s.kind is LaneKind.HEAVY and data.draw(st.booleans()):
             old = states.get(s.name, LaneState())
             reason = data.draw(st.sampled_from(sorted(LEASE_WAITS)))
             states[s.name] = replace(old, sched=replace(old.sched, deferral=Deferral(
                 lane=s.name, reason=reason, blocker="someone", since=sc.now - 50)))
+            recorded.add(s.name)
     sc = replace(sc, states=states)
+    for s in sc.lanes:
+        deferral = sc.state(s.name).sched.deferral
+        gate_deferred = deferral is not None and deferral.reason not in LEASE_WAITS
+        assert waits_for_lease(sc.state(s.name)) is (deferral is not None
+                                                     and not gate_deferred)
+        assert s.name not in recorded or waits_for_lease(sc.state(s.name))
     full = plan(sc)
-    # Beat keeps as waiting the lanes its last plan deferred for the lease (due, idle).
+    # Beat keeps as waiting the lanes its last plan deferred for the lease (due, idle), that
+    # were recorded as waiting and that no gate names (directly or through their family).
     quiet = {d.lane for d in full.decision.deferred
-             if d.reason in LEASE_WAITS and waits_for_lease(sc.state(d.lane))
+             if d.reason in LEASE_WAITS and d.lane in recorded
              and d.lane not in blockers and full.decision.views[d.lane].spec.family
              not in blockers}
     for lane in quiet:
@@ -97,6 +109,33 @@ def test_skipping_lanes_that_wait_for_the_same_lease_changes_nothing(
     part = plan(sc, names)
     assert part.sends == full.sends
     assert {k: v for k, v in full.changes.items() if k not in quiet} == part.changes
+
+
+def test_a_lane_recorded_waiting_for_the_lease_is_skipped_without_changing_the_plan() -> None:
+    """The example the property above must meet at least once: two heavy lanes recorded as
+    waiting behind the holder; planning without them sends and writes what the full plan
+    does, and the full plan writes nothing for them."""
+    now = 10_000.0
+    lanes = [LaneSpec(name=n, task_name=n, kind=LaneKind.HEAVY, cadence_s=60.0, order=i)
+             for i, n in enumerate(("holder", "w1", "w2"))]
+    lanes.append(LaneSpec(name="light", task_name="light", kind=LaneKind.LIGHT,
+                          cadence_s=60.0, order=9))
+    lease = LeaseView(lane="holder", token="t", fence=1, granted_at=now - 30)
+
+    def waiting(lane: str, reason: DeferralReason) -> LaneState:
+        return LaneState(run=RunRecord(last_run_at=now - 600), sched=SchedRecord(
+            deferral=Deferral(lane, reason, "holder", now - 30)))
+    states = {"holder": LaneState(run=RunRecord(last_run_at=now - 600)),
+              "w1": waiting("w1", DeferralReason.LEASE_HELD),
+              "w2": waiting("w2", DeferralReason.BACKPRESSURE),
+              "light": LaneState(run=RunRecord(last_run_at=now - 600))}
+    sc = Scenario(lanes=lanes, states=states, lease=lease, now=now, profile=Profile.LOCAL)
+    full = plan(sc)
+    assert {d.lane for d in full.decision.deferred} == {"w1", "w2"}
+    assert not {"w1", "w2"} & set(full.changes)
+    part = plan(sc, {"holder", "light"})
+    assert part.sends == full.sends and set(full.sends) == {"light"}
+    assert part.changes == full.changes
 
 
 def test_memory_skips_waiting_lanes_only_while_the_same_lease_is_held() -> None:
@@ -119,3 +158,187 @@ def test_memory_skips_waiting_lanes_only_while_the_same_lease_is_held() -> None:
     writes = mem.settle({"l": now + 60}, now, "tok", waiting=set(), states={})
     assert writes == {"l": now + 60} and "l" not in mem.due
     assert mem.learn({}, {"h": None}, ()) == {"h"} and not mem.due
+
+
+# -- next_look: exactly when the lane falls due ------------------------------------------------
+
+T = 1_000_000.0
+HOUR = 3600.0
+
+
+def lane(name: str = "x", kind: LaneKind = LaneKind.HEAVY, cadence_s: float = 600.0,
+         **kw: object) -> LaneSpec:
+    return LaneSpec(name=name, task_name=name, kind=kind, cadence_s=cadence_s,
+                    **kw)  # type: ignore[arg-type]
+
+
+def state(last: float | None = None, **run: object) -> LaneState:
+    return LaneState(run=RunRecord(last_run_at=last, **run))  # type: ignore[arg-type]
+
+
+def due_by_decide(spec: LaneSpec, st_: LaneState, now: float) -> bool:
+    return decide([spec], {spec.name: st_}, None, now).views[spec.name].due
+
+
+@pytest.mark.parametrize(("spec", "st_", "expected"), [
+    (lane(), state(T - 100), T + 500),
+    (lane(due_ratio=1.2), state(T - 100), T + 620),
+    (lane(due_ratio=0.8), state(T - 100), T + 380),
+    (lane(cadence_s=HOUR), state(T + 30), T + 30 + HOUR),  # a run ending as beat reads
+    # A worker clock an hour ahead, beat dispatched at T - 10: capped to dispatch + cadence.
+    (lane(), LaneState(run=RunRecord(last_run_at=T + HOUR),
+                       sched=SchedRecord(last_dispatch_at=T - 10)), T - 10 + 1200),
+    # A family member added at T - 60 that never ran: due by its cadence from being added.
+    (lane(due_ratio=1.2), state(since=T - 60), T - 60),
+    (lane(due_ratio=0.8), state(since=T - 60), T - 60 - 120),
+    # A failed run with a retry policy: its retry, before the cadence.
+    (lane(retry_after_failure_s=60.0, retry_window_s=300.0),
+     state(T - 10, last_outcome=Outcome.FAILED), T + 50),
+    (lane(retry_after_failure_s=60.0, retry_window_s=300.0),
+     state(T - 10, last_outcome=Outcome.LOST, failing_since=T - 250), T + 50),
+], ids=["cadence", "late-ratio", "early-ratio", "near-future-run", "skewed-clock",
+        "member-late", "member-early", "retry", "retry-last-in-window"])
+def test_next_look_is_the_instant_the_lane_falls_due(spec: LaneSpec, st_: LaneState,
+                                                     expected: float) -> None:
+    at = next_look(spec, st_, T)
+    assert at == pytest.approx(expected)
+    if at > T:
+        assert not due_by_decide(spec, st_, T)
+        assert not due_by_decide(spec, st_, at - 0.01)
+    assert due_by_decide(spec, st_, max(at, T))
+
+
+@pytest.mark.parametrize(("spec", "st_", "expected"), [
+    (lane(), state(), 0.0),                                   # never ran: at once
+    (lane(backlog_driven=True), state(), 0.0),                # its first run measures it
+    (lane(), state(T - 5, backlog=3), T - 5),                 # backlog: due since its run
+    (lane(), state(T + 20, backlog=3), T),                    # ... never later than now
+    (lane(backlog_driven=True), state(T - 5), NEVER),         # no backlog: never by time
+    (lane(cadence_s=60.0), state(-10_000.0), 0.0),            # long overdue: not below 0
+    (lane(backlog_driven=True, retry_after_failure_s=60.0, retry_window_s=120.0),
+     state(T - 5, last_outcome=Outcome.FAILED), T + 55),      # ... but a retry is
+], ids=["never-ran", "backlog-driven-never-ran", "backlog", "backlog-future-run",
+        "backlog-driven-idle", "long-overdue", "backlog-driven-retry"])
+def test_next_look_of_lanes_due_by_backlog_or_never_by_time(
+        spec: LaneSpec, st_: LaneState, expected: float) -> None:
+    assert next_look(spec, st_, T) == expected
+
+
+def test_a_retry_past_its_window_is_not_filed_the_cadence_is() -> None:
+    spec = lane(retry_after_failure_s=60.0, retry_window_s=300.0)
+    late = state(T - 10, last_outcome=Outcome.FAILED, failing_since=T - 260)
+    assert next_look(spec, late, T) == T - 10 + 600
+    done = state(T - 10, last_outcome=Outcome.COMPLETED, failing_since=None)
+    assert next_look(spec, done, T) == T - 10 + 600
+
+
+def test_paused_is_never_and_forced_is_now_whatever_the_state() -> None:
+    for st_ in (state(), state(T - 5), state(T - 5, backlog=3)):
+        assert next_look(lane(), st_, T, paused=True) == NEVER
+        assert next_look(lane(), st_, T, paused=True, forced=True) == NEVER
+        assert next_look(lane(), st_, T, forced=True) == 0.0
+
+
+def in_flight(mark: float | None, deadline: float | None, started: bool = True) -> LaneState:
+    run = RunRecord(last_run_at=T - 30, last_task_id="old",
+                    running_task_id="new" if started else None, running_until=mark)
+    return LaneState(run=run, sched=SchedRecord(inflight_task_id="new",
+                                                inflight_deadline=deadline))
+
+
+@pytest.mark.parametrize(("st_", "grace", "expected"), [
+    (in_flight(T + 20, None), 0.0, T + 20),           # the mark runs out
+    (in_flight(T + 20, None), 15.0, T + 35),          # ... plus the grace
+    (in_flight(T - 5, None), 15.0, T + 10),           # lapsed, still inside the grace
+    (in_flight(None, T + 40, started=False), 0.0, T + 40),  # a message not started yet
+    (in_flight(T + 90, T + 40), 0.0, T + 40),         # whichever ends first
+    (in_flight(T + 20, T + 40), 30.0, T + 40),
+], ids=["mark", "mark-and-grace", "in-grace", "message", "deadline-first", "grace-longer"])
+def test_a_light_lane_in_flight_is_looked_at_when_its_run_or_message_expires(
+        st_: LaneState, grace: float, expected: float) -> None:
+    spec = lane(kind=LaneKind.LIGHT, cadence_s=10.0)
+    assert next_look(spec, st_, T, grace_s=grace) == expected
+
+
+def test_a_light_lane_no_longer_in_flight_is_filed_by_its_due_time() -> None:
+    spec = lane(kind=LaneKind.LIGHT, cadence_s=600.0)
+    assert next_look(spec, in_flight(T - 5, None), T) == T - 30 + 600
+    # A heavy lane's run lives as its lease: its in-flight mark is not its next look.
+    assert next_look(lane(cadence_s=600.0), in_flight(T + 20, None), T) == T - 30 + 600
+
+
+# -- the tick memory ---------------------------------------------------------------------------
+
+WAIT = replace(LaneState(), sched=SchedRecord(deferral=Deferral(
+    lane="h", reason=DeferralReason.LEASE_HELD, blocker="x", since=10.0)))
+
+
+def memory_with(now: float, *, waiting: dict[str, LaneState],
+                active: dict[str, LaneState], token: str | None = "tok") -> TickMemory:
+    mem = TickMemory()
+    both = {**waiting, **active}
+    mem.learn(both, dict.fromkeys(both, 0.0), ())
+    mem.settle(dict.fromkeys(both, now - 5), now, token, waiting=set(waiting), states=both)
+    return mem
+
+
+def test_settle_keeps_due_lanes_sorted_into_waiting_and_active_and_writes_what_moved() -> None:
+    mem = TickMemory()
+    states = {"h": WAIT, "l": LaneState(), "later": LaneState()}
+    mem.learn(states, {"h": 0.0, "l": 90.0, "later": 5.0}, ())
+    writes = mem.settle({"h": 0.0, "l": 95.0, "later": 200.0}, 100.0, "tok", waiting={"h"},
+                        states=states)
+    assert writes == {"l": 95.0, "later": 200.0}  # h's score is what the index holds
+    assert (mem.waiting, mem.active, mem.due) == ({"h"}, {"l"}, {"h", "l"})
+    assert mem.scores == {"h": 0.0, "l": 95.0} and set(mem.states) == {"h", "l"}
+    assert (mem.cursor, mem.lease_token) == (100.0, "tok")
+    # Next tick h stops waiting (its lease wait ended) and l starts: they swap sides.
+    mem.settle({"h": 0.0, "l": 95.0}, 110.0, None, waiting={"l"}, states=states)
+    assert (mem.waiting, mem.active) == ({"l"}, {"h"})
+    assert (mem.cursor, mem.lease_token) == (110.0, None)
+
+
+def test_settle_files_a_lane_looked_at_exactly_now_as_due() -> None:
+    mem = TickMemory()
+    mem.settle({"l": 100.0}, 100.0, None, waiting=set(), states={"l": LaneState()})
+    assert mem.active == {"l"} and mem.scores == {"l": 100.0}
+
+
+def test_learn_forgets_lanes_gone_from_the_index_and_lanes_it_cannot_read() -> None:
+    now = 1000.0
+    mem = memory_with(now, waiting={"h": WAIT}, active={"a": LaneState(), "b": LaneState()})
+    gone = mem.learn({"a": LaneState(), "new": WAIT}, {"h": None, "new": 7.0}, ["b"])
+    assert gone == {"h"}
+    assert mem.due == {"a"} and "b" not in mem.states and "h" not in mem.scores
+    assert mem.states["new"] == WAIT and mem.scores["new"] == 7.0
+    assert "new" not in mem.due  # learnt, but due only once a plan settles it
+    assert mem.states["a"] == LaneState() and mem.scores["a"] == now - 5
+
+
+def test_focus_plans_what_changed_what_is_active_and_what_the_caller_always_sees() -> None:
+    now = 1000.0
+    mem = memory_with(now, waiting={"h1": WAIT, "h2": WAIT}, active={"l": LaneState()})
+    lease = LeaseView(lane="holder", token="tok", fence=1, granted_at=now)
+    focus, skipped = mem.focus(["changed"], lease, ["blocker"])
+    assert focus == {"changed", "blocker", "l", "holder"} and skipped == 2
+    # A waiting lane that changed, or the holder itself, is planned: not skipped.
+    focus, skipped = mem.focus(["h1"], replace(lease, lane="h2"), ())
+    assert focus == {"h1", "h2", "l"} and skipped == 0
+    # Another hold (or none): every waiting lane is planned again.
+    for other in (replace(lease, token="other"), None):
+        focus, skipped = mem.focus((), other, ())
+        assert focus == {"h1", "h2", "l"} and skipped == 0
+
+
+def test_reset_forgets_everything_so_the_next_read_takes_every_due_lane() -> None:
+    mem = memory_with(1000.0, waiting={"h": WAIT}, active={"l": LaneState()})
+    mem.reset()
+    assert mem == TickMemory()
+
+
+def test_with_changes_applies_only_the_changed_beat_records() -> None:
+    changed = SchedRecord(dispatches=3)
+    states = {"a": state(5.0), "b": state(6.0)}
+    out = with_changes(states, {"a": changed, "ghost": changed})
+    assert out == {"a": LaneState(run=RunRecord(last_run_at=5.0), sched=changed),
+                   "b": states["b"]}
