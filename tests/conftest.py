@@ -6,14 +6,17 @@ where ``.ci/run`` starts Redis first.
 
 from __future__ import annotations
 
+import json
 import os
-import time
 import uuid
 from collections.abc import Callable, Iterator
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
+from celery import Celery
 
+from schedproj import Settings, configure_app
 from schedproj.store.connection import connect, mask
 from schedproj.store.lane_store import LaneStore
 from schedproj.store.protocol import Keys
@@ -24,6 +27,18 @@ REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
 #: End-to-end tests own this database (its queues carry the public names heavy/light) and
 #: flush it before each test.
 E2E_REDIS_URL = os.environ.get("TEST_E2E_REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
+def _database_beside(url: str) -> str:
+    """The same server's database just below ``url``'s (13 beside 14; 1 beside 0)."""
+    parts = urlsplit(url)
+    db = int(parts.path.strip("/") or 0)
+    return urlunsplit(parts._replace(path=f"/{db - 1 if db > 0 else db + 1}"))
+
+
+#: Apps from :func:`make_app` send here: a database of the integration Redis of its own, so a
+#: test reads an in-process beat's messages back from its ``heavy`` and ``light`` lists.
+BROKER_URL = _database_beside(REDIS_URL)
 
 
 def _redis_or_skip(url: str) -> redis.Redis:
@@ -130,7 +145,7 @@ def rabbitmq_url() -> Iterator[str]:
 
 
 @pytest.fixture(params=["redis", "amqp"])
-def broker(request: pytest.FixtureRequest, e2e_redis: redis.Redis) -> rabbitmq.Broker:
+def e2e_broker(request: pytest.FixtureRequest, e2e_redis: redis.Redis) -> rabbitmq.Broker:
     """The broker of an end-to-end test, once Redis (the state Redis's database) and once
     RabbitMQ (a session vhost, its queues emptied first); lane state and the lease stay on
     Redis either way."""
@@ -146,14 +161,38 @@ def token() -> str:
     return uuid.uuid4().hex
 
 
-def wait_until(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.02) -> bool:
-    """Poll ``predicate`` until it holds or ``timeout_s`` passes; its last answer."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval_s)
-    return predicate()
+def make_app(key_prefix: str, declare: Callable[[Celery], None] | None = None,
+             **settings: object) -> Celery:
+    """A Celery app configured by schedproj as a deployment's would be, not the current app:
+    state under ``key_prefix`` on ``REDIS_URL``, broker on ``BROKER_URL``, ``settings`` over
+    the defaults, lanes added by ``declare``."""
+    app = Celery(f"t-{uuid.uuid4().hex[:6]}", set_as_current=False)
+    configure_app(app, Settings.load(**{"broker_url": BROKER_URL, "redis_url": REDIS_URL,
+                                        "key_prefix": key_prefix, **settings}))
+    if declare is not None:
+        declare(app)
+    # Celery's shared tasks join every app in the process: once any earlier test imported the
+    # REM lanes (shared_task), they would be lanes of this app too. Keep to the test's own.
+    for name in [n for n in app.tasks if n.startswith("schedproj.rem.")]:
+        app.tasks.unregister(name)
+    return app
+
+
+@pytest.fixture
+def broker(redis_client: redis.Redis) -> Iterator[redis.Redis]:
+    """The broker of :func:`make_app`'s apps, its ``heavy`` and ``light`` queues emptied before
+    and after the test."""
+    client = redis.Redis.from_url(BROKER_URL, decode_responses=True)
+    client.delete("heavy", "light")
+    yield client
+    client.delete("heavy", "light")
+    client.close()
+
+
+def sent(broker: redis.Redis, queue: str) -> list[dict]:
+    """The task name and id of every message waiting in ``queue`` of the broker, in list order."""
+    messages = [json.loads(m) for m in broker.lrange(queue, 0, -1)]
+    return [{"task": m["headers"]["task"], "id": m["headers"]["id"]} for m in messages]
 
 
 @pytest.fixture

@@ -71,12 +71,12 @@ def assert_no_overlap(intervals: list[dict]) -> None:
         assert after["fence"] > before["fence"], f"fence did not increase: {before} {after}"
 
 
-def test_fair_sharing_yield_and_light_lanes(r: redis.Redis, broker: Broker, tmp_path: Path,
+def test_fair_sharing_yield_and_light_lanes(r: redis.Redis, e2e_broker: Broker, tmp_path: Path,
                                             cluster_factory: list[Cluster]) -> None:
     """A backlog lane yields at the hold cap, the starved lane wins next, heavy runs never
     overlap, and the light lane keeps running while heavy lanes hold the lease."""
     r.set(f"{PREFIX}:e2e:backlog", 60)  # 60 items x 0.1 s = 6 s of heavy work, cap 1.5 s
-    c = make_cluster(tmp_path, "fairness", broker)
+    c = make_cluster(tmp_path, "fairness", e2e_broker)
     cluster_factory.append(c)
     c.worker("heavy1", "heavy")
     c.worker("light1", "light", concurrency=2)
@@ -111,9 +111,9 @@ def test_fair_sharing_yield_and_light_lanes(r: redis.Redis, broker: Broker, tmp_
     assert "yielded" in c.procs[0].text()
 
 
-def test_restarting_beat_does_not_rerun_early(r: redis.Redis, broker: Broker, tmp_path: Path,
+def test_restarting_beat_does_not_rerun_early(r: redis.Redis, e2e_broker: Broker, tmp_path: Path,
                                               cluster_factory: list[Cluster]) -> None:
-    c = make_cluster(tmp_path, "restart", broker)
+    c = make_cluster(tmp_path, "restart", e2e_broker)
     cluster_factory.append(c)
     c.worker("heavy1", "heavy")
     c.worker("light1", "light")
@@ -131,9 +131,9 @@ def test_restarting_beat_does_not_rerun_early(r: redis.Redis, broker: Broker, tm
     assert "dispatch:" not in c.procs[-1].text()
 
 
-def test_second_beat_stands_by_then_takes_over(r: redis.Redis, broker: Broker, tmp_path: Path,
+def test_second_beat_stands_by_then_takes_over(r: redis.Redis, e2e_broker: Broker, tmp_path: Path,
                                                cluster_factory: list[Cluster]) -> None:
-    c = make_cluster(tmp_path, "fairness", broker)
+    c = make_cluster(tmp_path, "fairness", e2e_broker)
     cluster_factory.append(c)
     c.worker("light1", "light")
     c.worker("heavy1", "heavy")
@@ -154,8 +154,8 @@ def test_second_beat_stands_by_then_takes_over(r: redis.Redis, broker: Broker, t
 
 
 def test_killed_heavy_worker_frees_lease_and_lane_runs_again(
-        r: redis.Redis, broker: Broker, tmp_path: Path, cluster_factory: list[Cluster]) -> None:
-    c = make_cluster(tmp_path, "slow", broker, SCHEDPROJ_HOLD_CAP_S="60")
+        r: redis.Redis, e2e_broker: Broker, tmp_path: Path, cluster_factory: list[Cluster]) -> None:
+    c = make_cluster(tmp_path, "slow", e2e_broker, SCHEDPROJ_HOLD_CAP_S="60")
     cluster_factory.append(c)
     victim = c.worker("heavy1", "heavy")
     c.beat("beat1")
@@ -178,13 +178,13 @@ def test_killed_heavy_worker_frees_lease_and_lane_runs_again(
     assert second["fence"] > first["fence"]
 
 
-def test_missing_heavy_worker_cannot_wedge_the_lease(r: redis.Redis, broker: Broker,
+def test_missing_heavy_worker_cannot_wedge_the_lease(r: redis.Redis, e2e_broker: Broker,
                                                      tmp_path: Path,
                                                      cluster_factory: list[Cluster]) -> None:
     """With no heavy worker, each grant lapses after the start deadline and is granted anew;
     when a worker arrives, expired messages are dropped and exactly the current one runs.
     Meanwhile a light lane slower than its cadence never runs twice at once."""
-    c = make_cluster(tmp_path, "deadline", broker)
+    c = make_cluster(tmp_path, "deadline", e2e_broker)
     cluster_factory.append(c)
     c.worker("light1", "light", concurrency=3)
     c.beat("beat1")

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kombu import Connection, Exchange, Producer
 
-from schedproj import Lane, LaneKind, LaneTask, Settings, configure_app
+from schedproj import Lane, LaneKind, LaneTask, Settings
 from schedproj.core.errors import ConfigurationError, SchedprojError
 from schedproj.core.lanes import Gate
 from schedproj.core.laneset import build_lane_set
@@ -27,7 +27,7 @@ from schedproj.rem.settings import RemSettings
 from schedproj.store.connection import connect
 from schedproj.store.lease import HeavyLease
 from schedproj.store.protocol import Keys
-from tests.conftest import E2E_REDIS_URL
+from tests.conftest import E2E_REDIS_URL, REDIS_URL, make_app
 from tests.procs import FAST_SETTINGS, Cluster, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,10 +98,7 @@ def test_random_rem_settings_load_or_fail_clearly(values: dict[str, str]) -> Non
 # -- lanes that raise, time out or return nonsense: lease released, outcome recorded ---------
 
 def heavy_app(prefix: str) -> Celery:
-    app = Celery(f"h-{uuid.uuid4().hex[:6]}", set_as_current=False)
-    configure_app(app, Settings.load(broker_url="redis://127.0.0.1:6379/13",
-                                     redis_url="redis://127.0.0.1:6379/14", key_prefix=prefix,
-                                     beat_max_loop_interval_s=0.2, beat_lock_ttl_s=1.0))
+    app = make_app(prefix, beat_max_loop_interval_s=0.2, beat_lock_ttl_s=1.0)
 
     @app.task(shared=False, base=LaneTask, name="x.raises", lane=Lane(cadence_s=60))
     def raises() -> None:
@@ -125,7 +122,7 @@ def test_bad_lane_bodies_release_lease_and_record(key_prefix: str, task: str,
                                                   outcome: str) -> None:
     app = heavy_app(key_prefix)
     keys = Keys(key_prefix)
-    client = connect("redis://127.0.0.1:6379/14")
+    client = connect(REDIS_URL)
     lease = HeavyLease(client, keys)
     grant = lease.acquire(task, "tok", 30, time.time(), task_id="t1")
     lane_task = app.tasks[task]
@@ -246,10 +243,7 @@ def test_light_run_in_flight_mark_is_kept_fresh_and_lapses_after_a_kill(
     from schedproj.core.records import LaneState, RunRecord
     from schedproj.core.views import is_in_flight
 
-    app = Celery(f"l-{uuid.uuid4().hex[:6]}", set_as_current=False)
-    configure_app(app, Settings.load(redis_url="redis://127.0.0.1:6379/14",
-                                     broker_url="redis://127.0.0.1:6379/13",
-                                     key_prefix=key_prefix, lease_ttl_s=0.9))
+    app = make_app(key_prefix, lease_ttl_s=0.9)
     release = threading.Event()
 
     @app.task(shared=False, base=LaneTask, name="x.light",
@@ -257,7 +251,7 @@ def test_light_run_in_flight_mark_is_kept_fresh_and_lapses_after_a_kill(
     def slow_light() -> None:
         release.wait(10)
 
-    client = connect("redis://127.0.0.1:6379/14")
+    client = connect(REDIS_URL)
     keys = Keys(key_prefix)
     task = app.tasks["x.light"]
     # Dispatched by the current beat: its lock fence, and the sched record naming light-1.

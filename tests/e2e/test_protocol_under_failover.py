@@ -32,6 +32,7 @@ from schedproj.on_celery.task import LaneTask, RunContext, RunHeartbeat
 from schedproj.store.lane_store import LaneStore
 from schedproj.store.lease import HeavyLease, Renewal
 from schedproj.store.protocol import Keys
+from tests.conftest import REDIS_URL, make_app
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -446,7 +447,7 @@ def test_renewals_use_a_client_that_times_out_within_a_sixth_of_the_ttl() -> Non
     from schedproj.on_celery.runtime import Runtime
     from schedproj.settings import Settings
 
-    rt = Runtime.build(Settings(lease_ttl_s=3.0, redis_url="redis://127.0.0.1:6379/14"))
+    rt = Runtime.build(Settings(lease_ttl_s=3.0, redis_url=REDIS_URL))
     assert rt.renewal is not None
     timeout = rt.renewal.client.connection_pool.connection_kwargs["socket_timeout"]
     assert timeout is not None and timeout <= 3.0 / 6
@@ -485,18 +486,13 @@ def test_a_renewal_to_a_silent_server_fails_once_within_its_timeout() -> None:
 def test_beat_messages_carry_no_worker_judged_expiry(servers, key_prefix: str) -> None:
     import json
 
-    from celery import Celery
-
-    from schedproj import Lane, LaneTask, Settings, configure_app
+    from schedproj import Lane, LaneTask
     from schedproj.on_celery.beat import FairScheduler
 
     broker = servers()  # a private broker: its queues hold exactly this test's messages
     url = broker.connection_pool.connection_kwargs
-    app = Celery(f"t-{uuid.uuid4().hex[:6]}", set_as_current=False)
-    configure_app(app, Settings.load(
-        broker_url=f"redis://127.0.0.1:{url['port']}/0", redis_url="redis://127.0.0.1:6379/14",
-        key_prefix=key_prefix, beat_max_loop_interval_s=0.2, beat_lock_ttl_s=1.0,
-        start_deadline_s=30.0))
+    app = make_app(key_prefix, broker_url=f"redis://127.0.0.1:{url['port']}/0",
+                   beat_max_loop_interval_s=0.2, beat_lock_ttl_s=1.0, start_deadline_s=30.0)
 
     @app.task(shared=False, base=LaneTask, name="x.heavy", lane=Lane(cadence_s=60))
     def heavy() -> None: ...

@@ -1,7 +1,7 @@
 """RabbitMQ as the broker (lease and lane state stay on Redis).
 
 The core end-to-end tests run on both brokers (tests/e2e/test_heavy_and_light_lanes.py, the
-``broker`` fixture). Here:
+``e2e_broker`` fixture). Here:
 the hard time limits are checked against RabbitMQ's ``consumer_timeout`` as they are against
 Redis's visibility timeout (settings, a lane's own ``time_limit``, and real beat and worker
 processes refusing to start), and a heavy message's start deadline becomes an AMQP per-message
@@ -29,11 +29,11 @@ from schedproj.on_celery.config import configure_app, lane_set_for
 from schedproj.settings import Settings
 from schedproj.store.protocol import Keys
 from tests import rabbitmq
-from tests.conftest import E2E_REDIS_URL
+from tests.conftest import E2E_REDIS_URL, REDIS_URL
 from tests.procs import FAST_SETTINGS, ROOT, Cluster, wait_for
 
 AMQP = "amqp://guest:guest@rabbit:5672//"
-STATE = "redis://127.0.0.1:6379/14"
+STATE = REDIS_URL
 
 
 @pytest.fixture

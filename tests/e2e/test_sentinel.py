@@ -16,12 +16,12 @@ import pytest
 import redis
 
 from schedproj.core.records import LeaseView
+from schedproj.devtools.processes import wait_until
 from schedproj.devtools.sentinel import SentinelSet
 from schedproj.store.connection import connect, parse_sentinel_url
 from schedproj.store.lane_store import LaneStore
 from schedproj.store.lease import HeavyLease
 from schedproj.store.protocol import Keys
-from tests.conftest import wait_until
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None,
                                 reason="needs the redis-server binary (scripts/setup.sh "

@@ -9,49 +9,22 @@ from __future__ import annotations
 import json
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import redis
 from celery import Celery
 
-from schedproj import Lane, LaneKind, LaneTask, Settings, configure_app
+from schedproj import Lane, LaneKind, LaneTask
 from schedproj.on_celery.beat import FairScheduler
 from schedproj.store.protocol import Keys
-
-BROKER_URL = "redis://127.0.0.1:6379/13"
-
-
-@pytest.fixture
-def broker(redis_client: redis.Redis) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(BROKER_URL, decode_responses=True)
-    client.delete("heavy", "light")
-    yield client
-    client.delete("heavy", "light")
-    client.close()
-
-
-def sent(broker: redis.Redis, queue: str) -> list[dict]:
-    messages = [json.loads(m) for m in broker.lrange(queue, 0, -1)]
-    return [{"task": m["headers"]["task"], "id": m["headers"]["id"]} for m in messages]
+from tests.conftest import make_app, sent
 
 
 def build(key_prefix: str, declare: Callable[[Celery], None], **overrides: object) -> Celery:
-    options: dict[str, object] = {
-        "broker_url": BROKER_URL, "redis_url": "redis://127.0.0.1:6379/14",
-        "key_prefix": key_prefix, "beat_max_loop_interval_s": 0.2, "beat_lock_ttl_s": 1.0,
-        "start_deadline_s": 5.0, **overrides,
-    }
-    settings = Settings.load(**options)
-    app = Celery(f"t-{uuid.uuid4().hex[:6]}", set_as_current=False)
-    configure_app(app, settings)
-    declare(app)
-    # Celery's shared tasks join every app in the process: once any earlier test imported the
-    # REM lanes (shared_task), they would be lanes of this app too. Keep to the test's own.
-    for name in [n for n in app.tasks if n.startswith("schedproj.rem.")]:
-        app.tasks.unregister(name)
-    return app
+    return make_app(key_prefix, declare, **{"beat_max_loop_interval_s": 0.2,
+                                            "beat_lock_ttl_s": 1.0, "start_deadline_s": 5.0,
+                                            **overrides})
 
 
 def three_lanes(app: Celery) -> None:

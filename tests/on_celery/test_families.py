@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import Callable
 
 import pytest
@@ -13,7 +12,7 @@ import redis
 from celery import Celery
 from click.testing import CliRunner
 
-from schedproj import Gate, GateCondition, Lane, LaneKind, LaneTask, Settings, configure_app
+from schedproj import Gate, GateCondition, Lane, LaneKind, LaneTask, Settings
 from schedproj.core.errors import LaneDeclarationError
 from schedproj.core.families import (
     KEY_MAX_LEN,
@@ -30,19 +29,14 @@ from schedproj.store.families import FamilyStore
 from schedproj.store.protocol import Keys
 from schedproj.telemetry.metrics import SchedprojCollector
 from schedproj.telemetry.observe import observe
-from tests.on_celery.test_fair_scheduler_tick import BROKER_URL, broker, sent  # noqa: F401  (fixture)
+from tests.conftest import REDIS_URL, make_app, sent
 
 FAMILY = "f.repo-sync"
 
 
 def build(prefix: str, declare: Callable[[Celery], None], **over: object) -> Celery:
-    settings = Settings.load(broker_url=BROKER_URL, redis_url="redis://127.0.0.1:6379/14",
-                             key_prefix=prefix, beat_max_loop_interval_s=0.2,
-                             beat_lock_ttl_s=1.0, start_deadline_s=5.0, **over)
-    app = Celery(f"f-{uuid.uuid4().hex[:6]}", set_as_current=False)
-    configure_app(app, settings)
-    declare(app)
-    return app
+    return make_app(prefix, declare, **{"beat_max_loop_interval_s": 0.2, "beat_lock_ttl_s": 1.0,
+                                        "start_deadline_s": 5.0, **over})
 
 
 def family_and_lanes(app: Celery, members: object = None) -> None:
@@ -148,7 +142,7 @@ def test_add_remove_list_and_state_cleanup(redis_client: redis.Redis, keys: Keys
 # -- beat -----------------------------------------------------------------------------------------
 
 def test_beat_dispatches_members_by_the_same_rules_and_forgets_removed_ones(
-        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis) -> None:  # noqa: F811
+        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis) -> None:
     keys = Keys(key_prefix)
     app = build(key_prefix, family_and_lanes)
     store = FamilyStore(redis_client, keys, [FAMILY])
@@ -190,7 +184,7 @@ def test_beat_dispatches_members_by_the_same_rules_and_forgets_removed_ones(
     sched.close()
 
 
-def test_members_hook_is_synced_at_a_bounded_rate(key_prefix: str, broker: redis.Redis,  # noqa: F811
+def test_members_hook_is_synced_at_a_bounded_rate(key_prefix: str, broker: redis.Redis,
                                                   redis_client: redis.Redis) -> None:
     calls: list[int] = []
     wanted = ["x", "y"]
@@ -215,7 +209,7 @@ def test_members_hook_is_synced_at_a_bounded_rate(key_prefix: str, broker: redis
 # -- status and metrics ------------------------------------------------------------------------
 
 def test_status_folds_families_and_metrics_aggregate_them(
-        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis,  # noqa: F811
+        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis,
         monkeypatch: pytest.MonkeyPatch) -> None:
     keys = Keys(key_prefix)
     app = build(key_prefix, family_and_lanes)
@@ -225,7 +219,7 @@ def test_status_folds_families_and_metrics_aggregate_them(
     redis_client.delete(keys.lease)
     sched.rt.store.pause("f.plain")
     sched.tick()  # a member wins, the others are deferred behind it
-    monkeypatch.setenv("SCHEDPROJ_REDIS_URL", "redis://127.0.0.1:6379/14")
+    monkeypatch.setenv("SCHEDPROJ_REDIS_URL", REDIS_URL)
     monkeypatch.setenv("SCHEDPROJ_KEY_PREFIX", key_prefix)
     runner = CliRunner()
     out = runner.invoke(main, ["status", "--json"])
@@ -261,7 +255,7 @@ def test_status_folds_families_and_metrics_aggregate_them(
 
 
 def test_new_members_are_just_due_and_never_outrank_an_overdue_lane(
-        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis) -> None:  # noqa: F811
+        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis) -> None:
     """Members added in bulk count as just due (ratio 1, growing), not maximally stale: a
     thousand tenants added at once must not all run before a lane twice overdue."""
     keys = Keys(key_prefix)

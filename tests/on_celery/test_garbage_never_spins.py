@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import uuid
-from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -20,7 +18,7 @@ import pytest
 import redis
 from celery import Celery
 
-from schedproj import Lane, LaneKind, LaneTask, Settings, configure_app
+from schedproj import Lane, LaneKind, LaneTask
 from schedproj.core import codec, defaults
 from schedproj.core.errors import StateError
 from schedproj.core.records import RunRecord, SchedRecord, decode, encode
@@ -28,8 +26,8 @@ from schedproj.on_celery import beat as beat_module
 from schedproj.on_celery.beat import FairScheduler
 from schedproj.store.lane_store import parse_states
 from schedproj.store.protocol import Keys
+from tests.conftest import make_app
 
-BROKER_URL = "redis://127.0.0.1:6379/13"
 NON_FINITE = ["NaN", "Infinity", "-Infinity", "1e999", "-1e999"]
 
 
@@ -80,22 +78,10 @@ def test_non_finite_lane_record_marks_the_lane_unreadable() -> None:
 # -- beat: a tick that sent nothing sleeps at least the floor ----------------------------------
 
 
-@pytest.fixture
-def broker(redis_client: redis.Redis) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(BROKER_URL, decode_responses=True)
-    client.delete("heavy", "light")
-    yield client
-    client.delete("heavy", "light")
-    client.close()
-
-
 def build(key_prefix: str, **overrides: object) -> Celery:
-    settings = Settings.load(**{
-        "broker_url": BROKER_URL, "redis_url": "redis://127.0.0.1:6379/14",
-        "key_prefix": key_prefix, "beat_max_loop_interval_s": 1.0, "beat_lock_ttl_s": 3.0,
-        "start_deadline_s": 5.0, "wake_on_release": False, **overrides})
-    app = Celery(f"t-{uuid.uuid4().hex[:6]}", set_as_current=False)
-    configure_app(app, settings)
+    app = make_app(key_prefix, **{"beat_max_loop_interval_s": 1.0, "beat_lock_ttl_s": 3.0,
+                                  "start_deadline_s": 5.0, "wake_on_release": False,
+                                  **overrides})
 
     @app.task(shared=False, base=LaneTask, name="t.light",
               lane=Lane(cadence_s=600, kind=LaneKind.LIGHT))

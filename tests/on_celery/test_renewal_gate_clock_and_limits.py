@@ -5,25 +5,24 @@ from __future__ import annotations
 import json
 import threading
 import time
-import uuid
 from types import SimpleNamespace
 
 import pytest
 import redis
-from celery import Celery
 
-from schedproj import Lane, LaneKind, LaneTask, Settings, configure_app
+from schedproj import Lane, LaneKind, LaneTask, Settings
 from schedproj.core.deferrals import Deferral
 from schedproj.core.errors import ConfigurationError
 from schedproj.core.lanes import DeferralReason, Gate, GateCondition, LaneSpec
 from schedproj.core.pipeline import decide
 from schedproj.core.records import LaneState, LeaseView, RunRecord, SchedRecord, encode
+from schedproj.devtools.processes import wait_until
 from schedproj.on_celery.messages import light_kwargs
 from schedproj.on_celery.task import LeaseRenewer, RunContext
 from schedproj.store.connection import connect
 from schedproj.store.lane_store import LaneStore
 from schedproj.store.protocol import Keys
-from tests.conftest import wait_until
+from tests.conftest import REDIS_URL, make_app
 
 
 def test_renewer_flags_lost_lease_while_redis_is_unreachable() -> None:
@@ -74,16 +73,13 @@ def test_gate_clock_survives_lease_waits() -> None:
 
 
 def test_light_lane_with_fenced_record_still_records(key_prefix: str) -> None:
-    app = Celery(f"f-{uuid.uuid4().hex[:6]}", set_as_current=False)
-    configure_app(app, Settings.load(redis_url="redis://127.0.0.1:6379/14",
-                                     broker_url="redis://127.0.0.1:6379/13",
-                                     key_prefix=key_prefix))
+    app = make_app(key_prefix)
 
     @app.task(shared=False, base=LaneTask, name="x.was-heavy",
               lane=Lane(cadence_s=60, kind=LaneKind.LIGHT))
     def was_heavy() -> None: ...
 
-    client = connect("redis://127.0.0.1:6379/14")
+    client = connect(REDIS_URL)
     keys = Keys(key_prefix)
     client.hset(keys.lanes, "x.was-heavy|run",
                 json.dumps({"v": 1, "fence": 1712345678901, "runs": 3, "last_run_at": 1.0}))
@@ -102,7 +98,7 @@ def test_light_lane_with_fenced_record_still_records(key_prefix: str) -> None:
 
 def test_skip_sets_only_the_outcome(key_prefix: str, redis_client: redis.Redis) -> None:
     keys = Keys(key_prefix)
-    store = LaneStore(connect("redis://127.0.0.1:6379/14"), keys)
+    store = LaneStore(connect(REDIS_URL), keys)
     redis_client.hset(keys.lanes, "x|run", json.dumps(
         {"v": 1, "runs": 7, "last_run_at": 1796214944.4994, "fence": 1796214944499}))
     assert store.mark_skipped("x", "stale-lease:taken", wake_message="x:skipped")
@@ -118,7 +114,7 @@ def test_time_limit_must_stay_below_the_maximum_hold() -> None:
 
 
 def test_idle_wait_never_outlasts_the_socket_timeout(key_prefix: str) -> None:
-    store = LaneStore(connect("redis://127.0.0.1:6379/14", socket_timeout_s=1.5),
+    store = LaneStore(connect(REDIS_URL, socket_timeout_s=1.5),
                       Keys(key_prefix))
     started = time.monotonic()
     assert store.wait_for_wake(5.0) is False  # capped at 0.5 s, no TimeoutError

@@ -17,7 +17,8 @@ from schedproj.core.lanes import fixed_unit
 from schedproj.core.records import Outcome, RunRecord, encode
 from schedproj.on_celery.beat import FairScheduler
 from schedproj.store.protocol import Keys, run_field
-from tests.on_celery.test_fair_scheduler_tick import broker, build, sent  # noqa: F401  (broker is a fixture)
+from tests.conftest import sent
+from tests.on_celery.test_fair_scheduler_tick import build
 
 
 def test_rebuilt_keeps_what_was_remembered_and_estimates_the_rest_within_a_cadence() -> None:
@@ -48,7 +49,7 @@ def lanes(app: Celery) -> None:
 
 
 def test_active_beat_puts_back_the_run_records_redis_lost(
-        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis,  # noqa: F811
+        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis,
         caplog: pytest.LogCaptureFixture) -> None:
     keys = Keys(key_prefix)
     now = time.time()
@@ -88,7 +89,7 @@ def test_active_beat_puts_back_the_run_records_redis_lost(
 
 
 def test_a_record_rewritten_before_the_put_back_is_kept(
-        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis) -> None:  # noqa: F811
+        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis) -> None:
     """A run that re-asserted its record after the loss wins over what beat remembered."""
     keys = Keys(key_prefix)
     sched = FairScheduler(app=build(key_prefix, lanes))
@@ -117,7 +118,7 @@ def start_granted_run(redis_client: redis.Redis, keys: Keys) -> dict:
 
 
 def test_a_started_run_whose_lease_vanished_unmarked_is_recorded_lost(
-        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis,  # noqa: F811
+        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis,
         caplog: pytest.LogCaptureFixture) -> None:
     """Killed after the lease said started and before its start mark landed (a failover held
     that write back): the record never said running, yet the run is recorded lost."""
@@ -141,7 +142,7 @@ def test_a_started_run_whose_lease_vanished_unmarked_is_recorded_lost(
 
 
 def test_a_run_that_ended_or_was_followed_is_never_recorded_lost(
-        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis) -> None:  # noqa: F811
+        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis) -> None:
     keys = Keys(key_prefix)
     sched = FairScheduler(app=build(key_prefix, heavy_only))
     sched.tick()
@@ -160,7 +161,7 @@ def test_a_run_that_ended_or_was_followed_is_never_recorded_lost(
 
 
 def test_a_normal_hand_off_is_judged_on_the_record_the_tick_read(
-        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis,  # noqa: F811
+        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A run that ended marked its lane changed (as run_finish.lua does), so the tick that
     finds its lease gone already read its record: no second read, and nothing lost."""
@@ -192,7 +193,7 @@ def lose_state(redis_client: redis.Redis, prefix: str) -> None:
 
 
 def test_losses_faster_than_a_cadence_never_push_a_lane_back(
-        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis) -> None:  # noqa: F811
+        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis) -> None:
     """A crash-looping Redis: each loss would estimate the lane's last run anew, later each
     time; the beat keeps its first estimate until the lane's record says it ran."""
     keys = Keys(key_prefix)
@@ -212,7 +213,7 @@ def test_losses_faster_than_a_cadence_never_push_a_lane_back(
 
 
 def test_a_beat_whose_memory_is_older_than_its_lock_puts_nothing_back(
-        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis,  # noqa: F811
+        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis,
         caplog: pytest.LogCaptureFixture) -> None:
     """Frozen past its lock (another beat may have run lanes meanwhile), a beat's memory is
     no longer true: it puts nothing back, as a beat that starts into a loss."""
@@ -228,7 +229,7 @@ def test_a_beat_whose_memory_is_older_than_its_lock_puts_nothing_back(
 
 
 def test_a_run_recorded_lost_after_a_loss_says_its_end_may_have_been_lost(
-        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis) -> None:  # noqa: F811
+        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis) -> None:
     keys = Keys(key_prefix)
     sched = FairScheduler(app=build(key_prefix, heavy_only, state_loss_quarantine_s=0.3))
     sched.tick()
@@ -246,7 +247,7 @@ def test_a_run_recorded_lost_after_a_loss_says_its_end_may_have_been_lost(
 
 
 def test_a_lost_run_is_written_over_an_absent_record_only_for_a_lane_still_indexed(
-        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis) -> None:  # noqa: F811
+        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis) -> None:
     """A family member removed while it ran has no record and no index entry: it stays gone.
     While Redis may have lost state, nothing is recorded at all."""
     keys = Keys(key_prefix)
@@ -265,7 +266,7 @@ def test_a_lost_run_is_written_over_an_absent_record_only_for_a_lane_still_index
 
 
 def test_a_killed_run_is_recorded_lost_even_when_its_lane_starts_again_at_once(
-        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis,  # noqa: F811
+        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The tick that finds the dead run's lease gone dispatches its lane again, and a worker
     starts the new run within milliseconds (its start mark replaces the dead run's): beat

@@ -29,8 +29,8 @@ from schedproj.devtools.processes import (
     ProcessGroup,
     ProcessSpec,
     Restarter,
+    wait_until,
 )
-from tests.conftest import wait_until
 from tests.procs import FAST_SETTINGS
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,12 +16,13 @@ import pytest
 import redis
 
 from schedproj.core.errors import StateError
+from schedproj.devtools.processes import wait_until
 from schedproj.store import scripts
 from schedproj.store.connection import connect
 from schedproj.store.lane_store import LaneStore
 from schedproj.store.lease import HeavyLease
 from schedproj.store.protocol import Keys
-from tests.conftest import token, wait_until
+from tests.conftest import REDIS_URL, token
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -428,7 +429,7 @@ def test_fences_keep_increasing_after_redis_lost_everything(redis_client, key_pr
     from schedproj.store.protocol import Keys
 
     keys = Keys(key_prefix)
-    lease = HeavyLease(connect("redis://127.0.0.1:6379/14"), keys)
+    lease = HeavyLease(connect(REDIS_URL), keys)
     before = lease.acquire("summary", "old-token", 30, time.time())
     assert before.granted
     time.sleep(0.01)  # a restart takes longer than the millisecond fences count in

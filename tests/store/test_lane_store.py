@@ -19,11 +19,12 @@ import redis.client
 from schedproj.core.deferrals import Deferral
 from schedproj.core.lanes import DeferralReason
 from schedproj.core.records import LaneState, Outcome, RunRecord, SchedRecord, encode
+from schedproj.devtools.processes import wait_until
 from schedproj.store.connection import connect
 from schedproj.store.lane_store import UNREADABLE_LEASE, LaneStore
 from schedproj.store.lease import HeavyLease
 from schedproj.store.protocol import Keys, run_field, sched_field
-from tests.conftest import token, wait_until
+from tests.conftest import token
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -7,14 +7,13 @@ import os
 import subprocess
 import sys
 import urllib.request
-import uuid
 from pathlib import Path
 
 import pytest
 import redis
 from celery import Celery
 
-from schedproj import Lane, LaneKind, LaneTask, Settings, configure_app
+from schedproj import Lane, LaneKind, LaneTask, Settings
 from schedproj.core.deferrals import Deferral
 from schedproj.core.health import Posture, assess, deferral_chain
 from schedproj.core.lanes import DeferralReason, LaneSpec, Profile
@@ -23,6 +22,7 @@ from schedproj.devtools.redis_server import free_port
 from schedproj.on_celery.beat import FairScheduler
 from schedproj.ops.watchdog import Latch, step
 from schedproj.store.protocol import Keys
+from tests.conftest import BROKER_URL, REDIS_URL, make_app
 
 ROOT = Path(__file__).resolve().parents[2]
 NOW = 1_000_000.0
@@ -88,16 +88,10 @@ def test_watchdog_latch_fires_once_and_clears() -> None:
 
 # -- against Redis ---------------------------------------------------------------------------
 
-BROKER_URL = "redis://127.0.0.1:6379/13"
-
 
 def build(prefix: str, **overrides: object) -> Celery:
-    options: dict[str, object] = {
-        "broker_url": BROKER_URL, "redis_url": "redis://127.0.0.1:6379/14",
-        "key_prefix": prefix, "beat_max_loop_interval_s": 0.2, "beat_lock_ttl_s": 1.0,
-        **overrides}
-    app = Celery(f"t-{uuid.uuid4().hex[:6]}", set_as_current=False)
-    configure_app(app, Settings.load(**options))
+    app = make_app(prefix, **{"beat_max_loop_interval_s": 0.2, "beat_lock_ttl_s": 1.0,
+                              **overrides})
 
     @app.task(shared=False, base=LaneTask, name="o.heavy-a", lane=Lane(cadence_s=60, order=1))
     def heavy_a() -> None: ...
@@ -112,17 +106,9 @@ def build(prefix: str, **overrides: object) -> Celery:
     return app
 
 
-@pytest.fixture
-def broker(redis_client: redis.Redis) -> redis.Redis:
-    client = redis.Redis.from_url(BROKER_URL, decode_responses=True)
-    client.delete("heavy", "light")
-    yield client
-    client.delete("heavy", "light")
-
-
 def cli(prefix: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDPROJ_")}
-    env.update({"SCHEDPROJ_REDIS_URL": "redis://127.0.0.1:6379/14",
+    env.update({"SCHEDPROJ_REDIS_URL": REDIS_URL,
                 "CELERY_BROKER_URL": BROKER_URL, "SCHEDPROJ_KEY_PREFIX": prefix,
                 "PYTHONPATH": str(ROOT)})
     return subprocess.run([sys.executable, "-m", "schedproj.ops.cli", *args], env=env, cwd=ROOT,
