@@ -110,7 +110,7 @@ class Settings(BaseSettings):
     )
     hold_cap_s: float = Field(default=defaults.HOLD_CAP_S, gt=0)
     pressure_yield: bool = Field(
-        default=True,
+        default=defaults.PRESSURE_YIELD,
         description="A heavy run also yields before the hold cap when a waiting heavy lane "
         "presses (SCHEDPROJ_PRESSURE_TARGET_RATIO, SCHEDPROJ_PRESSURE_MIN_HOLD_S).",
     )

@@ -21,6 +21,10 @@ LEASE_TTL_S = 20.0
 START_DEADLINE_S = 60.0
 #: After holding the lease this long a heavy run is told to yield at its next checkpoint.
 HOLD_CAP_S = 30 * 60.0
+#: A heavy run also yields before the hold cap when a waiting heavy lane presses (the rule's
+#: defaults: ``core.pressure.DEFAULT_TARGET_RATIO`` and ``DEFAULT_MIN_HOLD_S``). Beat and the
+#: simulator both start from this.
+PRESSURE_YIELD = True
 #: After Redis lost state, no heavy lease is granted for this many lease TTLs: a TTL, plus the
 #: renewal interval (a third of it) in which a running holder re-asserts its lease.
 QUARANTINE_TTL_RATIO = 4 / 3

@@ -108,15 +108,16 @@ def _variant_labels() -> list[str]:
                    "(random: spread sets instead of cadences within a factor 3; mixed: default "
                    "1m:24h).")
 @click.option("--pressure/--no-pressure", default=None,
-              help="Pressure-aware yielding on forensic, random and trace scenarios (default "
-                   "off there, as the reference outputs were made; on in family, as beat "
-                   "runs by default; mixed always compares both).")
+              help="Pressure-aware yielding, on by default in every scenario as in beat "
+                   "(SCHEDPROJ_PRESSURE_YIELD); --no-pressure: the hold cap alone. A trace's "
+                   "own \"pressure\" rule is used unless a pressure flag is given; mixed "
+                   "always compares both.")
 @click.option("--pressure-target", type=click.FloatRange(min=0, min_open=True), default=None,
               metavar="RATIO", help="Pressure: a waiting lane this stale makes the holder "
-                                    "yield (default 1.5; implies --pressure).")
+                                    "yield (default beat's, 1.5).")
 @click.option("--min-hold", default=None, callback=_duration, metavar="DURATION",
               help="Pressure: the least a run holds before pressure can make it yield "
-                   "(default 10s; implies --pressure).")
+                   "(default beat's, 10s).")
 @click.option("--heavy-lanes", default=8, show_default=True, type=click.IntRange(1),
               help="Heavy lanes per random set.")
 @click.option("--variant", "variants", multiple=True, type=click.Choice(_variant_labels()),
@@ -149,17 +150,13 @@ def simulate(scenario: str, trace_path: Path | None, hs: tuple[str, ...], seed: 
     if trace_path is not None:
         scenario = "trace"
     rule = _rule(pressure, pressure_target, min_hold)
+    # A trace keeps its own rule unless a pressure flag overrides it.
+    own_rule = pressure is None and pressure_target is None and min_hold is None
     if cadence_range is not None and scenario not in ("random", "mixed"):
         raise click.UsageError("--cadence-range applies to --scenario random or mixed")
     try:
         if scenario == "family":
-            # The family scenario judges the fleet as deployed: pressure-aware yielding is on
-            # by default in beat (SCHEDPROJ_PRESSURE_YIELD), so it is on here unless
-            # --no-pressure asks for the hold cap alone.
-            from schedproj.sim.families import DEFAULT_PRESSURE
-
-            family_rule = None if pressure is False else rule or DEFAULT_PRESSURE
-            _family(members, _demands(hs), seed, horizon, tick, as_json, family_rule)
+            _family(members, _demands(hs), seed, horizon, tick, as_json, rule)
             return
         if scenario == "mixed":
             _mixed(_demands(hs), seed, horizon, tick, hold_cap, sets, cadence_range, rule,
@@ -174,7 +171,7 @@ def simulate(scenario: str, trace_path: Path | None, hs: tuple[str, ...], seed: 
             if hs:
                 raise click.UsageError("--H applies to --scenario random or mixed")
             _single(scenario, trace_path, seed, horizon, tick, hold_cap, chosen, fail_prob,
-                    no_wake, as_json, plot_dir, dump_trace, rule)
+                    no_wake, as_json, plot_dir, dump_trace, rule, own_rule)
     except SchedprojError as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -189,6 +186,7 @@ def _family(members: int, hs: list[float], seed: int, horizon: float | None,
     from schedproj.sim.families import family_rem, family_report
     from schedproj.sim.metrics import json_dict, summarize
     from schedproj.sim.model import Variant
+    from schedproj.sim.report import yielding
 
     if len(hs) > 1:
         raise click.UsageError("--scenario family takes one --H")
@@ -215,10 +213,8 @@ def _family(members: int, hs: list[float], seed: int, horizon: float | None,
     if as_json:
         click.echo(json.dumps(json_dict(out), indent=2))
         return
-    yielding = ("hold cap alone" if rule is None else
-                f"pressure-aware yielding (target {rule.target_ratio:g}, "
-                f"min hold {rule.min_hold_s:g} s)")
-    click.echo(f"{s.description}\nhorizon {s.horizon_s / 3600:g} h, seed {seed}, {yielding}")
+    click.echo(f"{s.description}\nhorizon {s.horizon_s / 3600:g} h, seed {seed}, "
+               f"{yielding(rule)}")
     fairness = "-" if report.jain_members is None else f"{report.jain_members:.4f}"
     click.echo(f"REM chain drained: {report.rem_drained}; members {report.members}: maximal "
                f"staleness ratio {report.member_max_ratio:.2f} ({report.worst_member}), "
@@ -230,12 +226,16 @@ def _family(members: int, hs: list[float], seed: int, horizon: float | None,
 
 
 def _rule(pressure: bool | None, target: float | None, min_hold: float | None) -> Any:
-    """The pressure rule asked for: None (off) unless --pressure or one of its settings."""
+    """The pressure rule asked for: beat's default rule (``model.BEAT_PRESSURE``) with
+    --pressure-target and --min-hold applied; None with --no-pressure."""
     from schedproj.core.pressure import PressureRule
+    from schedproj.sim.model import BEAT_PRESSURE
 
-    if pressure is False or (pressure is None and target is None and min_hold is None):
+    if pressure is False:
         return None
-    rule = PressureRule()
+    if pressure is None and target is None and min_hold is None:
+        return BEAT_PRESSURE
+    rule = BEAT_PRESSURE or PressureRule()
     return PressureRule(target_ratio=target if target is not None else rule.target_ratio,
                         min_hold_s=min_hold if min_hold is not None else rule.min_hold_s)
 
@@ -250,7 +250,7 @@ def _overrides(horizon: float | None, tick: float | None, hold_cap: float | None
 def _single(scenario: str, trace_path: Path | None, seed: int, horizon: float | None,
             tick: float | None, hold_cap: float | None, chosen: Any, fail_prob: float | None,
             no_wake: bool, as_json: bool, plot_dir: Path | None,
-            dump_trace: Path | None, rule: Any = None) -> None:
+            dump_trace: Path | None, rule: Any, own_rule: bool) -> None:
     from schedproj.sim.model import VARIANTS
     from schedproj.sim.report import compare, comparison_tables, print_tables
     from schedproj.sim.scenarios import forensic
@@ -260,7 +260,7 @@ def _single(scenario: str, trace_path: Path | None, seed: int, horizon: float | 
         raise click.UsageError("--scenario trace needs --trace FILE")
     s = load_trace(trace_path) if trace_path is not None else forensic()
     s = s.with_(**_overrides(horizon, tick, hold_cap, no_wake))
-    if rule is not None:
+    if not own_rule:
         s = s.with_(pressure=rule)
     if fail_prob is not None:
         s = s.map_lanes(fail_prob=fail_prob)
@@ -295,8 +295,7 @@ def _random(hs: list[float], seed: int, horizon: float | None, tick: float | Non
         kwargs["fail_prob"] = fail_prob
     if cadence_range is not None:
         kwargs["cadence_range"] = cadence_range
-    if rule is not None:
-        kwargs["pressure"] = rule
+    kwargs["pressure"] = rule
     sw = sweep(hs or list(DEFAULT_HS), seed=seed, sets=sets, variants=chosen or VARIANTS,
                jobs=jobs, **kwargs)
     if as_json:

@@ -21,15 +21,13 @@ from schedproj.core.lanes import LaneKind, LaneSpec
 from schedproj.core.pressure import PressureRule
 from schedproj.sim.engine import SimRun
 from schedproj.sim.metrics import Metrics, jain, ratio_max
-from schedproj.sim.model import LaneModel, Scenario
+from schedproj.sim.model import BEAT_PRESSURE, LaneModel, Scenario
 from schedproj.sim.scenarios import HOUR, forensic
 
 FAMILY = "tenant-repo-sync"
 #: The original's per-repository cadence and jitter (DESIGN.md section 4).
 CADENCE_S = 30 * 60.0
 JITTER = 0.2
-#: Beat's default pressure rule (``SCHEDPROJ_PRESSURE_YIELD`` is on by default).
-DEFAULT_PRESSURE = PressureRule()
 #: Goals of the issue: every member's maximal staleness ratio, Jain's index over members.
 MAX_RATIO_GOAL = 2.5
 JAIN_GOAL = 0.95
@@ -45,7 +43,7 @@ def rem_demand(lanes: tuple[LaneModel, ...]) -> float:
 def family_rem(members: int = 1000, h: float = 0.9, *, horizon_s: float = 24 * HOUR,
                cadence_s: float = CADENCE_S, jitter: float = JITTER,
                tick_s: float = defaults.BEAT_MAX_LOOP_INTERVAL_S,
-               pressure: PressureRule | None = DEFAULT_PRESSURE) -> Scenario:
+               pressure: PressureRule | None = BEAT_PRESSURE) -> Scenario:
     """The REM chain plus a heavy family of ``members`` members at total heavy demand ``h``.
 
     ``pressure`` defaults to the rule beat runs by default (``SCHEDPROJ_PRESSURE_YIELD`` is on):

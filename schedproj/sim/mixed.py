@@ -23,7 +23,7 @@ from schedproj.core.picker import Policy
 from schedproj.core.pressure import HOLD_CAP, PRESSURE, PressureRule
 from schedproj.sim.engine import SimRun, simulate
 from schedproj.sim.metrics import percentile, ratio_max
-from schedproj.sim.model import Arrival, LaneModel, Scenario, Variant
+from schedproj.sim.model import BEAT_PRESSURE, Arrival, LaneModel, Scenario, Variant
 
 MINUTE, HOUR = 60.0, 3600.0
 #: Cadences are drawn log-uniform over this range (seconds): 1 minute to 24 hours.
@@ -45,7 +45,8 @@ def mixed_lanes(h: float, *, seed: int | str = 1, index: int = 0, n_heavy: int =
                 cadence_range: tuple[float, float] = DEFAULT_CADENCE_RANGE,
                 item_s: float = ITEM_S, batch: int = BATCH, periods: float = 2.0,
                 horizon_s: float | None = None, tick_s: float = defaults.BEAT_MAX_LOOP_INTERVAL_S,
-                hold_cap_s: float = defaults.HOLD_CAP_S, pressure: PressureRule | None = None,
+                hold_cap_s: float = defaults.HOLD_CAP_S,
+                pressure: PressureRule | None = BEAT_PRESSURE,
                 fail_prob: float = 0.0, wake_on_release: bool = True) -> Scenario:
     """``n_heavy`` heavy lanes, cadences log-uniform over ``cadence_range``; lane i gets the
     share h·w_i/Σw of the lease (w_i ~ U(0.5, 1.5)), so its work per period is that share of
@@ -106,9 +107,9 @@ class Config:
 
 def configs(rule: PressureRule | None = None,
             hold_cap_s: float = defaults.HOLD_CAP_S) -> tuple[Config, ...]:
-    """Pressure-aware yielding (``rule``, default settings), the hold cap alone, the short
+    """Pressure-aware yielding (``rule``, default beat's), the hold cap alone, the short
     fixed cap, and the legacy picker (first due in declared order, hold cap alone)."""
-    rule = rule or PressureRule()
+    rule = rule or BEAT_PRESSURE or PressureRule()
     return (
         Config("pressure", Policy.STALENESS, hold_cap_s, rule),
         Config(f"cap-{hold_cap_s:g}s", Policy.STALENESS, hold_cap_s, None),

@@ -18,7 +18,14 @@ from schedproj.core import defaults
 from schedproj.core.errors import ConfigurationError
 from schedproj.core.lanes import LaneSpec, Profile
 from schedproj.core.picker import Policy
-from schedproj.core.pressure import PressureRule
+from schedproj.core.pressure import DEFAULT_MIN_HOLD_S, DEFAULT_TARGET_RATIO, PressureRule
+
+#: The pressure rule beat runs by default (``SCHEDPROJ_PRESSURE_YIELD`` and its two settings,
+#: whose defaults live in ``core.defaults`` and ``core.pressure``); every scenario starts from
+#: it, so a simulation predicts the configuration users run. None would mean off by default.
+BEAT_PRESSURE: PressureRule | None = (
+    PressureRule(target_ratio=DEFAULT_TARGET_RATIO, min_hold_s=DEFAULT_MIN_HOLD_S)
+    if defaults.PRESSURE_YIELD else None)
 
 
 class SimError(ConfigurationError):
@@ -97,10 +104,10 @@ class Scenario:
     profile: Profile = Profile.LOCAL
     #: A finishing run wakes beat at once (the project's default); False: the next poll sees it.
     wake_on_release: bool = True
-    #: Pressure-aware yielding (``schedproj.core.pressure``) for the staleness variants; None:
-    #: off, runs yield only at the hold cap. The legacy variants model the original system,
-    #: which had no pressure yielding, and never use it.
-    pressure: PressureRule | None = None
+    #: Pressure-aware yielding (``schedproj.core.pressure``) for the staleness variants: beat's
+    #: default rule unless given; None: off, runs yield only at the hold cap. The legacy
+    #: variants model the original system, which had no pressure yielding, and never use it.
+    pressure: PressureRule | None = BEAT_PRESSURE
     description: str = ""
     #: Free-form facts about how the scenario was built (shown in the JSON report).
     params: Mapping[str, Any] = field(default_factory=dict, compare=False)
@@ -313,6 +320,7 @@ def validate(s: Scenario) -> None:
 
 
 __all__ = [
+    "BEAT_PRESSURE",
     "VARIANTS",
     "Arrival",
     "Blocked",

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from schedproj.core.pressure import PressureRule
 from schedproj.sim.engine import SimRun, simulate
 from schedproj.sim.metrics import LowerBound, Metrics, json_dict, lower_bound, summarize
 from schedproj.sim.model import VARIANTS, Scenario, Variant
@@ -45,13 +46,11 @@ class Comparison:
 
 
 def scenario_dict(s: Scenario) -> dict[str, Any]:
-    out = {"name": s.name, "description": s.description, "horizon_s": s.horizon_s,
-           "tick_s": s.tick_s, "hold_cap_s": s.hold_cap_s, "profile": s.profile.value,
-           "wake_on_release": s.wake_on_release, "params": dict(s.params),
-           "lanes": [m.name for m in s.lanes]}
-    if s.pressure is not None:  # only when on, so outputs made with it off stay the same
-        out["pressure"] = asdict(s.pressure)
-    return out
+    return {"name": s.name, "description": s.description, "horizon_s": s.horizon_s,
+            "tick_s": s.tick_s, "hold_cap_s": s.hold_cap_s, "profile": s.profile.value,
+            "wake_on_release": s.wake_on_release, "params": dict(s.params),
+            "lanes": [m.name for m in s.lanes],
+            "pressure": None if s.pressure is None else asdict(s.pressure)}
 
 
 def compare(scenario: Scenario, seed: int | str = 1,
@@ -177,10 +176,19 @@ def _num(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def yielding(rule: PressureRule | None) -> str:
+    """How heavy runs yield under ``rule``, in words."""
+    if rule is None:
+        return "hold cap alone"
+    return (f"pressure-aware yielding (target {rule.target_ratio:g}, "
+            f"min hold {rule.min_hold_s:g} s)")
+
+
 def comparison_tables(c: Comparison) -> list[Table]:
     s = c.scenario
     title = (f"{s.name}: seed {c.seed}, horizon {fmt_s(s.horizon_s)}, tick {s.tick_s:g} s, "
-             f"hold cap {fmt_s(s.hold_cap_s)}; lower bound {fmt_s(c.bound.total_s)}")
+             f"hold cap {fmt_s(s.hold_cap_s)}, {yielding(s.pressure)}; "
+             f"lower bound {fmt_s(c.bound.total_s)}")
     main = Table(title=escape(title))
     for col in ("variant", "drain to idle", "÷ LB", "max ratio", "p99 ratio",
                 "longest starvation", "light delay p50/p99", "busy", "Jain", "falsifier"):

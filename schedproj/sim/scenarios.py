@@ -11,7 +11,7 @@ from typing import Any
 from schedproj.core import defaults
 from schedproj.core.lanes import DeferralReason, Gate, GateCondition, Lane, LaneKind, LaneSpec
 from schedproj.core.pressure import PressureRule
-from schedproj.sim.model import Blocked, LaneModel, Scenario
+from schedproj.sim.model import BEAT_PRESSURE, Blocked, LaneModel, Scenario
 
 HOUR = 3600.0
 WEEK = 7 * 24 * HOUR
@@ -121,7 +121,7 @@ def random_lanes(h: float, *, seed: int | str = 1, index: int = 0, n_heavy: int 
                  hold_cap_s: float = defaults.HOLD_CAP_S, fail_prob: float = 0.0,
                  wake_on_release: bool = True,
                  cadence_range: tuple[float, float] | None = None,
-                 pressure: PressureRule | None = None) -> Scenario:
+                 pressure: PressureRule | None = BEAT_PRESSURE) -> Scenario:
     """``n_heavy`` heavy lanes whose runs all take ``run_s`` (unit-length runs, as in the
     scheduling-theory results) with cadences chosen so that Σ run_s / cadence = ``h``: lane i
     gets the share h·w_i/Σw of the lease, w_i ~ U(0.5, 1.5). Declared order is a random
@@ -130,7 +130,8 @@ def random_lanes(h: float, *, seed: int | str = 1, index: int = 0, n_heavy: int 
     cadence, 5 s, gated on the first heavy lane while it is due or running) and ``light``
     (twice that cadence, 2 s). The set depends on ``seed`` and ``index``, not on ``h``: a
     sweep scales the same set's cadences. Horizon: ``periods`` times the longest cadence.
-    With ``cadence_range`` (low, high seconds): a spread set, :func:`_spread`."""
+    With ``cadence_range`` (low, high seconds): a spread set, :func:`_spread`. ``pressure``:
+    beat's default rule unless given (None: the hold cap alone)."""
     if cadence_range is not None:
         return _spread(h, seed, index, n_heavy, cadence_range, horizon_s, tick_s, hold_cap_s,
                        fail_prob, wake_on_release, pressure)

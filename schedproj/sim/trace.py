@@ -34,7 +34,7 @@ from schedproj.core.lanes import (
     LaneSpec,
     Profile,
 )
-from schedproj.sim.model import Arrival, Blocked, LaneModel, Scenario, SimError
+from schedproj.sim.model import BEAT_PRESSURE, Arrival, Blocked, LaneModel, Scenario, SimError
 
 #: Format version this reader understands (the ``version`` field; optional, default 1).
 TRACE_VERSION = 1
@@ -204,7 +204,7 @@ def parse_trace(text: str, source: str = "<trace>") -> Scenario:
             profile=r.choice(top, "profile", "(top level)", Profile,
                              [p.value for p in Profile], Profile.LOCAL.value),
             wake_on_release=r.boolean(top, "wake_on_release", "(top level)", True),
-            pressure=_pressure(r, top.get("pressure")),
+            pressure=_pressure(r, top),
             params={"source": source},
         )
     except TraceError:
@@ -336,12 +336,15 @@ def _gate(r: _Reader, raw: Any, where: str) -> Gate:
     )
 
 
-def _pressure(r: _Reader, raw: Any) -> pressure.PressureRule | None:
-    """``"pressure": {"target_ratio": 1.5, "min_hold_s": 10}`` turns pressure-aware yielding on
-    (absent or null: off)."""
-    if raw is None:
+def _pressure(r: _Reader, top: Mapping[str, Any]) -> pressure.PressureRule | None:
+    """``"pressure": {"target_ratio": 1.5, "min_hold_s": 10}`` sets the pressure-aware
+    yielding rule; absent: beat's default rule (on, as beat runs by default); null: off, runs
+    yield at the hold cap alone."""
+    if "pressure" not in top:
+        return BEAT_PRESSURE
+    if top["pressure"] is None:
         return None
-    d = r.obj(raw, "pressure", PRESSURE_FIELDS)
+    d = r.obj(top["pressure"], "pressure", PRESSURE_FIELDS)
     return pressure.PressureRule(
         target_ratio=r.number(d, "target_ratio", "pressure", pressure.DEFAULT_TARGET_RATIO,
                               positive=True),
@@ -429,9 +432,9 @@ def scenario_to_trace(s: Scenario) -> dict[str, Any]:
         "tick_s": s.tick_s, "hold_cap_s": s.hold_cap_s, "horizon_s": s.horizon_s,
         "profile": s.profile.value, "wake_on_release": s.wake_on_release, "lanes": lanes,
     }
-    if s.pressure is not None:
-        out["pressure"] = {"target_ratio": s.pressure.target_ratio,
-                           "min_hold_s": s.pressure.min_hold_s}
+    # Written even when off (null): an absent rule reads back as beat's default.
+    out["pressure"] = None if s.pressure is None else {"target_ratio": s.pressure.target_ratio,
+                                                       "min_hold_s": s.pressure.min_hold_s}
     if s.arrivals:
         out["arrivals"] = [{"at_s": a.at_s, "lane": a.lane, "items": a.items}
                            for a in s.arrivals]

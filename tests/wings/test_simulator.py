@@ -10,6 +10,7 @@ import inspect
 import itertools
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -19,6 +20,7 @@ from schedproj.core import planner as dispatch
 from schedproj.core.deferrals import LEASE_WAITS
 from schedproj.core.lanes import DeferralReason, Gate, GateCondition, LaneKind, LaneSpec
 from schedproj.core.picker import Policy
+from schedproj.core.pressure import PressureRule
 from schedproj.rem.seed import seed_forensic
 from schedproj.sim import (
     VARIANTS,
@@ -276,19 +278,32 @@ def test_jain_percentile_and_staleness_quantiles() -> None:
 # -- model behaviour -----------------------------------------------------------------------------
 
 def test_failures_are_recorded_and_a_failed_backup_is_retried() -> None:
-    lane = LaneModel(spec("bk", HEAVY, 86400, 0, priority0=True, retry_after_failure_s=900.0,
-                          retry_window_s=3600.0), run_s=60, fail_prob=0.5,
+    after, window = 900.0, 3600.0
+    lane = LaneModel(spec("bk", HEAVY, 86400, 0, priority0=True, retry_after_failure_s=after,
+                          retry_window_s=window), run_s=60, fail_prob=0.5,
                      last_run_ago_s=86400)
     s = Scenario(name="retry", horizon_s=3 * HOUR, lanes=(lane,))
-    retries = 0
+    retries = cut_off = 0
     for seed in range(1, 11):
         runs = simulate(s, STALENESS_PASS, seed=seed).lanes["bk"].runs
+        # A success is next due a day later: every run but the last ended failed, one streak
+        # that began when the first run ended.
+        streak_start = runs[0][1]
         for (_, end, outcome), nxt in itertools.pairwise(runs):
-            assert outcome == "failed"  # a success is next due a day later
-            # Retried 15 min after the failure, as soon as a poll sees it.
-            assert end + 900 <= nxt[0] <= end + 900 + s.tick_s
+            assert outcome == "failed"
+            # Retried 15 min after the failure, as soon as a poll sees it ...
+            assert end + after <= nxt[0] <= end + after + s.tick_s
+            # ... and only while the streak is inside the retry window.
+            assert end + after - streak_start <= window
             retries += 1
+        _, end, outcome = runs[-1]
+        if outcome == "failed":
+            # Not retried after it: its retry fell outside the window (or past the horizon).
+            outside = end + after - streak_start > window
+            assert outside or end + after > s.horizon_s
+            cut_off += outside
     assert retries > 0
+    assert cut_off > 0, "no seed's failing streak reached the end of its retry window"
     f = forensic(horizon_s=6 * HOUR, fail_prob=0.1)
     run = simulate(f, STALENESS_PASS, seed=1)
     assert sum(o == "failed" for t in run.lanes.values() for _, _, o in t.runs) > 3
@@ -506,3 +521,103 @@ def test_a_long_simulation_reports_its_progress() -> None:
     done = [d for d, _ in seen]
     assert len(done) >= 15 and done == sorted(done)
     assert all(h == s.horizon_s and 0 < d <= h for d, h in seen)
+
+
+# -- the simulator's defaults are beat's ----------------------------------------------------------
+
+MINIMAL_TRACE = {"lanes": [{"name": "a", "kind": "heavy", "cadence_s": 60, "run_s": 1}]}
+
+
+def _beat_defaults() -> dict[str, Any]:
+    from schedproj.settings import Settings
+
+    return {name: f.default for name, f in Settings.model_fields.items()}
+
+
+def _beat_rule() -> PressureRule | None:
+    beat = _beat_defaults()
+    if not beat["pressure_yield"]:
+        return None
+    return PressureRule(target_ratio=beat["pressure_target_ratio"],
+                        min_hold_s=beat["pressure_min_hold_s"])
+
+
+def test_every_scenario_starts_from_beats_settings_defaults() -> None:
+    """A simulation predicts the configuration users run: every knob the simulator shares
+    with beat (hold cap, pressure yielding and its threshold and minimum hold, poll interval,
+    wake on release, profile, picker policy, lease TTL, start deadline, time limits) starts
+    at beat's settings default, in every scenario."""
+    from schedproj.core import defaults
+    from schedproj.sim.families import family_rem
+    from schedproj.sim.mixed import mixed_lanes
+
+    beat, rule = _beat_defaults(), _beat_rule()
+    assert rule is not None  # beat yields to pressure by default
+    built = {"forensic": forensic(), "random": random_lanes(0.9),
+             "spread": random_lanes(0.9, cadence_range=(60.0, 3600.0)),
+             "mixed": mixed_lanes(0.9), "family": family_rem(members=2),
+             "trace": parse_trace(json.dumps(MINIMAL_TRACE))}
+    built["plain"] = Scenario(name="plain", lanes=built["trace"].lanes)
+    for name, s in built.items():
+        assert s.pressure == rule, name
+        assert s.hold_cap_s == beat["hold_cap_s"], name
+        assert s.tick_s == beat["beat_max_loop_interval_s"], name
+        assert s.wake_on_release is beat["wake_on_release"], name
+        assert s.profile is beat["profile"], name
+    assert VARIANTS[0].policy is beat["policy"] and VARIANTS[0].second_pass
+    # The engine reads lease and run timing from the module beat's settings default to.
+    assert vars(engine)["defaults"] is defaults
+    assert (beat["lease_ttl_s"], beat["start_deadline_s"], beat["heavy_time_limit_s"],
+            beat["light_time_limit_s"]) == (defaults.LEASE_TTL_S, defaults.START_DEADLINE_S,
+                                            defaults.HEAVY_TIME_LIMIT_S,
+                                            defaults.LIGHT_TIME_LIMIT_S)
+
+
+def test_a_trace_lane_gets_the_lane_declarations_defaults() -> None:
+    """Due ratio, retry policy, deployment, order...: a trace lane that names none of them is
+    the lane a bare ``Lane(...)`` declaration gives beat; and the due rules (due ratio, skew
+    cap, retry window) are beat's own functions, not copies."""
+    from types import SimpleNamespace
+
+    from schedproj.core import due
+    from schedproj.core.lanes import Lane
+    from schedproj.core.laneset import build_lane_set
+
+    (traced,) = parse_trace(json.dumps(MINIMAL_TRACE)).specs
+    declared = build_lane_set({"trace.a": SimpleNamespace(
+        lane=Lane(name="a", kind=LaneKind.HEAVY, cadence_s=60))}).specs
+    assert (traced,) == declared
+    used = vars(engine)
+    assert used["due_at"] is due.due_at and used["retry_at"] is due.retry_at
+    assert used["effective_last_run"] is due.effective_last_run
+
+
+@pytest.mark.parametrize(("args", "where"), [
+    (["--scenario", "forensic", "--horizon", "1h", "--variant", "staleness+pass"],
+     ("scenario", "pressure")),
+    (["--scenario", "random", "--H", "0.9", "--sets", "1", "--horizon", "1h", "--jobs", "1",
+      "--variant", "staleness+pass"], ("params", "pressure")),
+    (["--scenario", "family", "--members", "2", "--horizon", "1h"], ("pressure",)),
+    (["--trace", "TRACE", "--variant", "staleness+pass"], ("scenario", "pressure")),
+], ids=["forensic", "random", "family", "trace"])
+def test_the_command_runs_beats_pressure_rule_unless_told_not_to(
+        args: list[str], where: tuple[str, ...], tmp_path: Path) -> None:
+    trace = tmp_path / "mine.json"
+    trace.write_text(json.dumps({**MINIMAL_TRACE, "horizon_s": 3600}))
+    args = [str(trace) if a == "TRACE" else a for a in args]
+
+    def pressure_of(extra: list[str]) -> Any:
+        r = CliRunner().invoke(simulate_cmd, [*args, *extra, "--json"])
+        assert r.exit_code == 0, r.output
+        found = json.loads(r.stdout)
+        for key in where:
+            found = found[key]
+        return found
+
+    rule = _beat_rule()
+    assert rule is not None
+    beats = {"target_ratio": rule.target_ratio, "min_hold_s": rule.min_hold_s}
+    assert pressure_of([]) == beats
+    assert pressure_of(["--pressure"]) == beats  # still accepted
+    assert pressure_of(["--no-pressure"]) is None
+    assert pressure_of(["--pressure-target", "2"]) == {**beats, "target_ratio": 2.0}
