@@ -78,6 +78,12 @@ def handoff_md(s: dict[str, Any]) -> str:
 
 
 def tick_md(s: dict[str, Any]) -> str:
+    """The tick section: one table per question the tick benchmark answers, then its goals."""
+    return (_schedulers_md(s) + _ranking_md(s) + _interleaved_md(s) + _ratios_md(s)
+            + _goals_md(s["goals"]) + _profile_md(s))
+
+
+def _schedulers_md(s: dict[str, Any]) -> str:
     rows = []
     for lanes, row in s["lanes"].items():
         for key in ("fair", "redbeat", "persistent"):
@@ -92,10 +98,13 @@ def tick_md(s: dict[str, Any]) -> str:
                          g(d, "round_trips_per_entry", "median"),
                          g(r, "memory", "declare_mib"), g(r, "memory", "scheduler_mib"),
                          g(r, "setup_s")))
-    out = table(("lanes", "scheduler", "idle tick (ms, median)", "round trips / idle tick",
-                 "ticks to send all due", "send all due (ms)", "per entry (ms)",
-                 "round trips / entry", "memory: entries declared (MiB)",
-                 "memory: scheduler (MiB)", "start-up (s)"), rows)
+    return table(("lanes", "scheduler", "idle tick (ms, median)", "round trips / idle tick",
+                  "ticks to send all due", "send all due (ms)", "per entry (ms)",
+                  "round trips / entry", "memory: entries declared (MiB)",
+                  "memory: scheduler (MiB)", "start-up (s)"), rows)
+
+
+def _ranking_md(s: dict[str, Any]) -> str:
     rank_rows = []
     for lanes, row in s["lanes"].items():
         rk = g(row, "fair", "rank")
@@ -110,39 +119,49 @@ def tick_md(s: dict[str, Any]) -> str:
                               g(row, "fair", "startup", "add_members_s"),
                               g(row, "fair", "startup", "beat_start_s"),
                               g(row, "fair", "redis_bytes_per_lane")))
-    out += "\nFairScheduler, all lanes heavy and due (the tick that ranks them and grants the " \
-           "lease, then the ticks that find the lease held: the first, right after the " \
-           "ranking tick's writes, and the later ones of the same run; the floor: fetch the " \
-           "due lanes' " \
-           "records in one round trip and take the maximal ratio in plain Python), start-up " \
-           "with N members (adding them; a new beat's construction and first tick) and Redis " \
-           "memory per lane:\n\n"
-    out += table(("lanes", "rank + grant tick (ms, median)", "p90", "round trips",
-                  "floor (ms)", "lease-held tick (ms, median)",
-                  "first lease-held tick (ms, median)", "round trips",
-                  "add N members (s)", "beat start-up (s)", "Redis bytes / lane"), rank_rows)
+    out = "\nFairScheduler, all lanes heavy and due (the tick that ranks them and grants the " \
+          "lease, then the ticks that find the lease held: the first, right after the " \
+          "ranking tick's writes, and the later ones of the same run; the floor: fetch the " \
+          "due lanes' " \
+          "records in one round trip and take the maximal ratio in plain Python), start-up " \
+          "with N members (adding them; a new beat's construction and first tick) and Redis " \
+          "memory per lane:\n\n"
+    return out + table(("lanes", "rank + grant tick (ms, median)", "p90", "round trips",
+                        "floor (ms)", "lease-held tick (ms, median)",
+                        "first lease-held tick (ms, median)", "round trips",
+                        "add N members (s)", "beat start-up (s)", "Redis bytes / lane"),
+                       rank_rows)
+
+
+def _interleaved_md(s: dict[str, Any]) -> str:
     pair_rows = [(int(lanes), g(row, "pair", "idle_pair", "reps"),
                   g(row, "pair", "idle_pair", "fair_ms", "median"),
                   g(row, "pair", "idle_pair", "redbeat_ms", "median"),
                   g(row, "pair", "idle_pair", "ratio"))
                  for lanes, row in s["lanes"].items() if "pair" in row]
-    if pair_rows:
-        out += ("\nIdle ticks interleaved in one process (FairScheduler, celery-redbeat, "
-                "FairScheduler, ...), so both see the same moments of the shared machine; the "
-                "idle goal is judged on these:\n\n")
-        out += table(("lanes", "ticks each", "fair idle tick (ms, median)",
-                      "redbeat idle tick (ms, median)", "fair / redbeat"), pair_rows)
+    if not pair_rows:
+        return ""
+    return ("\nIdle ticks interleaved in one process (FairScheduler, celery-redbeat, "
+            "FairScheduler, ...), so both see the same moments of the shared machine; the "
+            "idle goal is judged on these:\n\n"
+            + table(("lanes", "ticks each", "fair idle tick (ms, median)",
+                     "redbeat idle tick (ms, median)", "fair / redbeat"), pair_rows))
+
+
+def _ratios_md(s: dict[str, Any]) -> str:
     ratio_rows = [(int(lanes), *row["ratios"].values()) for lanes, row in s["lanes"].items()]
-    out += "\nRatios (medians):\n\n"
-    out += table(("lanes", "idle: fair / redbeat (interleaved)",
-                  "idle: fair / redbeat (separate runs)", "idle: fair / persistent",
-                  "lease-held: fair / redbeat idle",
-                  "first lease-held: fair / redbeat idle", "rank: fair / floor",
-                  "per entry: fair / redbeat", "per entry: fair / persistent",
-                  "memory: fair / redbeat", "memory: fair / persistent",
-                  "start-up: fair / redbeat"), ratio_rows)
-    goals = s["goals"]
-    out += (f"\nGoals (issue 11): idle tick within 1x celery-redbeat at every size — "
+    return "\nRatios (medians):\n\n" + table(
+        ("lanes", "idle: fair / redbeat (interleaved)",
+         "idle: fair / redbeat (separate runs)", "idle: fair / persistent",
+         "lease-held: fair / redbeat idle",
+         "first lease-held: fair / redbeat idle", "rank: fair / floor",
+         "per entry: fair / redbeat", "per entry: fair / persistent",
+         "memory: fair / redbeat", "memory: fair / persistent",
+         "start-up: fair / redbeat"), ratio_rows)
+
+
+def _goals_md(goals: dict[str, Any]) -> str:
+    return (f"\nGoals (issue 11): idle tick within 1x celery-redbeat at every size — "
             f"{fmt(goals['idle_within_1x_redbeat'])}; at {fmt(goals['at_lanes'])} lanes: "
             f"lease-held tick within 2x redbeat's idle — "
             f"{fmt(goals['held_within_2x_redbeat_idle'])}, rank + grant within 3x the floor — "
@@ -153,15 +172,19 @@ def tick_md(s: dict[str, Any]) -> str:
             f"{fmt(goals['startup_within_1x_redbeat_at_largest'])}; constant round trips per "
             f"tick — {fmt(goals['constant_round_trips'])} "
             f"({goals['round_trips_per_tick_by_lane_count']}).\n")
-    largest = s["lanes"][str(goals["at_lanes"])]["fair"].get("profile")
-    if largest:
-        out += (f"\nProfile of one FairScheduler tick at {fmt(goals['at_lanes'])} lanes "
-                "(cProfile; schedproj functions and socket sends by cumulative time):\n")
-        for scenario, rows_ in largest.items():
-            out += f"\n*{scenario} tick*\n\n" + table(
-                ("function", "calls", "cumulative (ms)", "own (ms)"),
-                [(r["function"], r["calls"], r["cumtime_ms"], r["tottime_ms"])
-                 for r in rows_])
+
+
+def _profile_md(s: dict[str, Any]) -> str:
+    at_lanes = s["goals"]["at_lanes"]
+    largest = s["lanes"][str(at_lanes)]["fair"].get("profile")
+    if not largest:
+        return ""
+    out = (f"\nProfile of one FairScheduler tick at {fmt(at_lanes)} lanes "
+           "(cProfile; schedproj functions and socket sends by cumulative time):\n")
+    for scenario, rows_ in largest.items():
+        out += f"\n*{scenario} tick*\n\n" + table(
+            ("function", "calls", "cumulative (ms)", "own (ms)"),
+            [(r["function"], r["calls"], r["cumtime_ms"], r["tottime_ms"]) for r in rows_])
     return out
 
 

@@ -4,7 +4,7 @@ whole pipeline) is one round trip."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from redis.connection import AbstractConnection
@@ -20,7 +20,8 @@ class RoundTrips:
     def install(self) -> None:
         if self._original is not None:
             return
-        original = AbstractConnection.send_packed_command
+        # redis-py leaves send_packed_command unannotated: say what it is called with.
+        original: Callable[..., Any] = AbstractConnection.send_packed_command
         counter = self
 
         def counting(conn: Any, command: Any, check_health: bool = True) -> Any:

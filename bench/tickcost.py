@@ -233,7 +233,7 @@ def fair_scheduler(app: Celery) -> tuple[FairScheduler, list[int]]:
 
 
 def redis_used(client: redis.Redis) -> int:
-    return int(client.info("memory")["used_memory"])  # type: ignore[index]
+    return int(client.info("memory")["used_memory"])
 
 
 def fair_idle(url: str, n: int, reps: int, result: dict[str, Any], profile: bool,

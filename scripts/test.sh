@@ -4,6 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --start-redis
-.venv/bin/ruff check schedproj tests
+.venv/bin/ruff check schedproj tests bench
 .venv/bin/mypy
 exec .venv/bin/python -m pytest -m "not slow" "$@"
