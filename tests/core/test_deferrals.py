@@ -95,6 +95,22 @@ def test_a_lease_wait_without_a_gate_before_it_carries_no_clock() -> None:
     assert (gated.since, gated.blocker_since, gated.gate_clock("a")) == (T0, T0 + 9, T0 + 9)
 
 
+def test_a_lease_wait_that_carries_no_gate_drops_a_clock_of_its_own() -> None:
+    """A lease wait has no gate clock to keep: a record that holds one anyway (written by
+    hand, or by an older release) does not pass it on."""
+    odd = Deferral("c", HELD, "h", T0, blocker_since=T0 + 5)
+    assert continue_streak(odd, "c", PRESSURE, "w", T0 + 10) == Deferral("c", PRESSURE, "w", T0)
+
+
+def test_a_deferral_without_a_blocker_starts_its_own_clock_inside_the_streak() -> None:
+    """The state-loss quarantine defers with no blocker: inside a lease-wait streak it keeps
+    the streak's start, and its own clock starts when it began."""
+    quarantine = DeferralReason.STATE_LOSS_QUARANTINE
+    waits = continue_streak(None, "c", HELD, "h", T0)
+    held = continue_streak(waits, "c", quarantine, None, T0 + 10)
+    assert held == Deferral("c", quarantine, None, T0, blocker_since=T0 + 10)
+
+
 def wait(reason: DeferralReason, blocker: str, since: float = T0,
          blocker_since: float | None = None, gate_blocker: str | None = None) -> Deferral:
     return Deferral("c", reason, blocker, since, blocker_since, gate_blocker)

@@ -7,6 +7,8 @@ Pure: the transitions, then the retry they lead to as ``decide`` and ``next_look
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from schedproj.core.dueindex import next_look
@@ -93,6 +95,15 @@ def test_a_lost_run_is_a_failure_that_keeps_the_backlog_and_says_why() -> None:
                                backlog=40, runs=6, failures=3, fence=3,
                                failing_since=T0 + 100)
     assert not is_running(record)
+
+
+def test_a_run_named_only_by_its_lease_is_recorded_lost_under_that_id() -> None:
+    """A heavy run whose lease lapsed before its start was recorded is recorded lost under
+    the task id the lease named, not under the record's older run."""
+    before = RunRecord(last_run_at=T0 - HOUR, last_task_id="a", running_task_id="a")
+    record = lost(before, now=T0, why="never started", task_id="b")
+    assert (record.last_task_id, record.last_outcome, record.failing_since) == ("b", LOST, T0)
+    assert lost(replace(before, running_task_id="c"), now=T0, why="x").last_task_id == "c"
 
 
 BACKUP = LaneSpec(name="backup", task_name="backup", kind=LaneKind.HEAVY, cadence_s=DAY,

@@ -231,6 +231,35 @@ def test_a_garbled_yield_record_is_reported_naming_its_key(garbage: str, problem
     assert problem in caught.value.problem
 
 
+def test_nobody_pressing_is_published_as_a_null_lane() -> None:
+    assert json.loads(encode(None)) == {"v": 1, "lane": None}
+
+
+def test_by_default_a_run_holds_10_s_and_a_lane_presses_from_ratio_1_5() -> None:
+    rule = PressureRule()
+    p = press(last=0.0, cadence=100.0)
+    assert yield_reason(held_s=9.9, hold_cap_s=None, pressure=p, rule=rule, now=1000.0) is None
+    assert yield_reason(held_s=10.0, hold_cap_s=None, pressure=p, rule=rule,
+                        now=149.0) is None
+    assert yield_reason(held_s=10.0, hold_cap_s=None, pressure=p, rule=rule,
+                        now=150.0) == PRESSURE
+
+
+def test_the_yield_reasons_keep_the_spelling_stored_in_run_records() -> None:
+    # Stored as a yielded run's last_reason (the worker writes "hold-cap" itself too) and
+    # read back by status, the simulator's counts and older releases.
+    assert (HOLD_CAP, PRESSURE) == ("hold-cap", "pressure")
+
+
+def test_measure_names_a_waiting_lane_that_has_no_record_yet() -> None:
+    lanes = [_spec("holder", 60, 1), _spec("new", 600, 2), _spec("old", 60, 3)]
+    now = 5000.0
+    states = {"holder": LaneState(run=RunRecord(last_run_at=now)),
+              "old": LaneState(run=RunRecord(last_run_at=0.0))}
+    p = measure(decide(lanes, states, HOLDER_LEASE, now), states, HOLDER_LEASE, now)
+    assert p is not None and (p.lane, p.last_run_at, p.cadence_s) == ("new", None, 600.0)
+
+
 def test_measure_names_nobody_when_no_heavy_lane_waits() -> None:
     lanes = [_spec("holder", 60, 1), _spec("fresh", 600, 2),
              LaneSpec(name="light", task_name="light", kind=LaneKind.LIGHT, cadence_s=60,
