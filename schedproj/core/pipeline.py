@@ -103,7 +103,6 @@ def decide(
     in which ``lanes`` are given. ``paused`` lanes are left out; ``forced`` lanes (an
     operator's "run now") are due whatever their cadence, and still need the lease. A light
     run counts as in flight ``inflight_grace_s`` past its mark (see ``views.is_in_flight``)."""
-    empty = SchedRecord()
     specs = eligible(lanes, states, profile, excluded={*unreadable, *paused})
     views = view_all(specs, states, lease, now, probes or {}, forced, inflight_grace_s)
     gate_views = {**gates.family_views(views, {g.blocker for s in specs for g in s.gates}),
@@ -113,8 +112,7 @@ def decide(
     candidates = [v for v in views.values() if v.due and not v.in_flight]
 
     def sched(name: str) -> SchedRecord:
-        st = states.get(name)
-        return st.sched if st is not None else empty
+        return states[name].sched if name in states else SchedRecord()
     deferred: list[Deferral] = []
     heavy: list[LaneView] = []
     light_views: list[LaneView] = []
