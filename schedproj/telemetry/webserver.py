@@ -6,16 +6,24 @@ server did. The page (``/``) and the JSON (``/api/status``, the same as ``schedp
 open on a loopback address; bound beyond loopback they need basic auth
 (``SCHEDPROJ_STATUS_USER`` and ``SCHEDPROJ_STATUS_PASSWORD``), and without those settings
 they are refused, said at start-up in one line with the fix.
+
+Clients cannot hold the server: at most :data:`MAX_CONNECTIONS` are served at once (one thread
+each; more are answered 503 at once and closed), and a request must arrive whole within
+:data:`REQUEST_DEADLINE_S` (a header sent one byte at a time is cut off there) — so basic auth,
+checked once the headers are in, is never waited for longer than that.
 """
 
 from __future__ import annotations
 
 import base64
 import hmac
+import io
 import ipaddress
 import json
 import logging
+import socket
 import threading
+import time
 from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -35,6 +43,16 @@ logger = logging.getLogger(__name__)
 
 #: How many journal entries the page reads (newest first); an hour of runs fits easily.
 JOURNAL_READ = 5000
+#: Connections served at once (a thread each); a page, its JSON and a few scrapes need a
+#: handful, so this leaves room for several browsers without letting a flood start threads.
+MAX_CONNECTIONS = 16
+#: Seconds a client has to send its whole request; then the connection is closed. Its answer
+#: must be written within this too (a client that never reads cannot hold a thread).
+REQUEST_DEADLINE_S = 10.0
+#: What a client turned away at the cap reads.
+BUSY = (b"HTTP/1.0 503 Service Unavailable\r\nServer: schedproj\r\nContent-Type: text/plain"
+        b"\r\nConnection: close\r\nRetry-After: 1\r\n\r\nschedproj status server busy: too "
+        b"many connections at once; try again\n")
 
 
 def is_loopback(host: str) -> bool:
@@ -98,10 +116,67 @@ class StatusServer(ThreadingHTTPServer):
         super().__init__(address, Handler)
         self.registry, self.deployment = registry, deployment
         self.credentials, self.page_allowed = credentials, page_allowed
+        self.deadline_s = REQUEST_DEADLINE_S
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """A thread for the connection if one of the slots is free; else a 503 and close,
+        written from the accepting thread without waiting on the client."""
+        if not self.slots.acquire(blocking=False):
+            try:
+                request.setblocking(False)
+                request.send(BUSY)
+            except OSError:
+                pass  # the client is gone or not reading: nothing more is owed
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+
+class DeadlineReader(io.RawIOBase):
+    """The connection's reads, each waiting no longer than what is left of the request's
+    deadline: a per-read timeout alone lets a client that sends a byte now and then hold the
+    thread for ever."""
+
+    def __init__(self, sock: socket.socket, deadline_s: float) -> None:
+        super().__init__()
+        self.sock, self.ends = sock, time.monotonic() + deadline_s
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = self.ends - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("request deadline passed")
+        self.sock.settimeout(left)
+        return self.sock.recv_into(buffer)
 
 
 class Handler(BaseHTTPRequestHandler):
     server: StatusServer
+    #: The ``Server:`` header: no Python or library version for a scanner to match.
+    server_version = "schedproj"
+    sys_version = ""
+
+    def setup(self) -> None:
+        super().setup()
+        self.connection.settimeout(self.server.deadline_s)
+        self.rfile.close()
+        self.rfile = io.BufferedReader(DeadlineReader(self.connection, self.server.deadline_s))
+
+    def version_string(self) -> str:
+        return self.server_version
 
     def do_GET(self) -> None:
         try:
@@ -113,6 +188,7 @@ class Handler(BaseHTTPRequestHandler):
                        b"details; please report it)\n")
 
     def _route(self) -> None:
+        self.connection.settimeout(self.server.deadline_s)  # the reply's own time to write
         path = self.path.split("?", 1)[0].rstrip("/") or "/"
         if path == "/metrics":
             self._send(200, CONTENT_TYPE_LATEST, generate_latest(self.server.registry))

@@ -314,3 +314,18 @@ def test_any_value_in_a_key_is_reported_not_a_crash(tools: Tools, attr: str, lab
         tools.client.delete(key)
     spoil(tools.client, key)
     check_every_tool(tools, named=key if named else None)
+
+
+# -- 15: nothing secret or revealing is published ----------------------------------------------
+
+def test_the_beat_lock_token_is_not_published(tools: Tools) -> None:
+    said = check_every_tool(tools)
+    for where in ("plain", "json", "/", "/api/status", "/api/timeline"):
+        assert "beat-secret" not in said[where], where
+    beat = strict_json(said["json"])["beat"]
+    assert beat["lock_held"] and len(beat["lock_id"]) == 8  # a short id, not the token
+
+
+def test_the_server_header_names_schedproj_only(tools: Tools) -> None:
+    with urllib.request.urlopen(tools.base + "/metrics", timeout=10) as response:
+        assert response.headers["Server"] == "schedproj"
