@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 import redis
 
+from schedproj.core.errors import StateError
 from schedproj.core.records import LeaseView, decode, encode
 from schedproj.store import scripts
 from schedproj.store.protocol import LEASE_ACQUISITIONS, STATE_VERSION, Keys
@@ -144,7 +145,12 @@ class HeavyLease:
         return parse_lease(raw if raw is None else str(raw), self.keys.lease)
 
     def current_fence(self) -> int:
-        return int(self.client.get(self.keys.lease_fence) or 0)
+        """The last fence granted (0: none yet); garbage there is a :class:`StateError`."""
+        raw = str(self.client.get(self.keys.lease_fence) or "0")
+        if not (raw.isascii() and raw.isdigit() and int(raw) < 2 ** 53):
+            raise StateError(self.keys.lease_fence, f"the lease fence counter holds {raw[:40]!r}"
+                             ", not an integer below 2^53")
+        return int(raw)
 
 
 def parse_lease(raw: str | None, key: str) -> LeaseView | None:

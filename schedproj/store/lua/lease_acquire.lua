@@ -45,9 +45,15 @@ end
 local counter = redis.call('GET', KEYS[2])
 local previous = 0
 if counter then
+  -- Garbage is refused, naming the key, never silently replaced: only digits, below 2^53 (a
+  -- Lua number holds every integer up to it; '1e300' once came back as -2^63, and ran).
+  if not string.match(counter, '^%d+$') or #counter > 16 or tonumber(counter) >= 2^53 then
+    return redis.error_reply('ERR state at Redis key ' .. KEYS[2] .. ': the lease fence '
+      .. 'counter holds ' .. string.format('%q', string.sub(counter, 1, 40)) .. ', not an '
+      .. 'integer below 2^53; no heavy lease is granted. Fix: delete the key (fences start '
+      .. 'again from the Redis clock in milliseconds, above every fence handed out)')
+  end
   previous = tonumber(counter)
-  -- Garbage is refused (and reported by the caller), never silently replaced.
-  if not previous then return redis.error_reply('ERR value is not an integer or out of range') end
 end
 local fence = math.max(previous + 1, server_now)
 redis.call('SET', KEYS[2], string.format('%d', fence))
