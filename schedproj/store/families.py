@@ -11,12 +11,31 @@ from collections.abc import Collection, Iterable, Sequence
 
 import redis
 
-from schedproj.core.families import FamilyError, check_key, member_lane
+from schedproj.core.families import (
+    KEY_CHARS,
+    KEY_MAX_LEN,
+    KEY_PATTERN,
+    FamilyError,
+    check_key,
+    member_lane,
+)
 from schedproj.core.records import RunRecord, encode
 from schedproj.store.protocol import Keys, run_field, sched_field
 
 #: Members written per MULTI (a sync of 100,000 members is a few hundred round trips).
 CHUNK = 2000
+
+
+def check_family_name(family: object) -> str:
+    """The family's name, if it is well formed: 1 to 128 characters out of the member keys'
+    set (letters, digits and ``. _ - : / @ + =``), so never a Redis glob (``* ? [``), a hash
+    tag (``{ }``) or a member bracket. Else a :class:`FamilyError` saying the fix."""
+    if isinstance(family, str) and 0 < len(family) <= KEY_MAX_LEN \
+            and KEY_PATTERN.fullmatch(family):
+        return family
+    raise FamilyError(f"family {str(family)[:60]!r}", "not a well-formed family name",
+                      f"name the family task (1 to {KEY_MAX_LEN} characters out of "
+                      f"{KEY_CHARS}), as declared with lane=LaneFamily(...)")
 
 
 class FamilyStore:
@@ -30,6 +49,11 @@ class FamilyStore:
         self.families = None if families is None else frozenset(families)
 
     def check_family(self, family: str) -> None:
+        """A :class:`FamilyError` with the fix unless ``family`` may be written: a declared
+        family (its declaration was checked), or, with none known here, a well-formed name.
+        The one check for the Python API and the CLI alike."""
+        if self.families is None or family not in self.families:
+            check_family_name(family)
         if self.families is not None and family not in self.families:
             known = ", ".join(sorted(self.families)) or "none declared"
             raise FamilyError(f"family {family!r}", "no such lane family",
@@ -82,13 +106,15 @@ class FamilyStore:
         return sorted(str(k) for k in self.client.smembers(self.keys.family(family)))
 
     def count(self, family: str) -> int:
+        self.check_family(family)
         return int(self.client.scard(self.keys.family(family)))
 
     def sync(self, family: str, wanted: Sequence[str]) -> tuple[int, int]:
         """Make the members exactly ``wanted``: (added, removed)."""
+        self.check_family(family)
         want = {check_key(family, k) for k in wanted}
         have = set(self.members(family))
         return self.add(family, want - have), self.remove(family, have - want)
 
 
-__all__ = ["FamilyStore"]
+__all__ = ["FamilyStore", "check_family_name"]
