@@ -126,10 +126,17 @@ def lane_state(draw: st.DrawFn, spec: LaneSpec, now: float) -> LaneState:
     deferral = None
     if draw(st.booleans()):
         blocker = draw(MAYBE_BLOCKER)
+        reason = draw(ALL_REASONS)
         if spec.gates and draw(st.booleans()):
-            blocker = spec.gates[draw(st.integers(0, len(spec.gates) - 1))].blocker
-        deferral = Deferral(lane=spec.name, reason=draw(ALL_REASONS), blocker=blocker,
-                            since=now - draw(STREAK))
+            own_gate = spec.gates[draw(st.integers(0, len(spec.gates) - 1))]
+            blocker = own_gate.blocker
+            reason = own_gate.reason if draw(st.booleans()) else reason
+        since = now - draw(STREAK)
+        # Sometimes the current blocker took over within the streak: its gate's clock (for
+        # max_defer_s) runs from then, not from the streak's start.
+        took_over = min(since + draw(STREAK), now) if draw(st.booleans()) else None
+        deferral = Deferral(lane=spec.name, reason=reason, blocker=blocker, since=since,
+                            blocker_since=took_over)
     inflight = draw(MAYBE_ID)
     sched = SchedRecord(
         inflight_task_id=inflight,
@@ -285,6 +292,53 @@ def gate_blocks(gate: Gate, blocker: Fact | None) -> bool:
     return blocker.due or blocker.in_flight
 
 
+def gate_clock(previous: Deferral | None, blocker: str) -> float | None:
+    """Since when the gate on ``blocker`` has deferred the lane, if the current streak is that
+    gate's: from the moment that blocker took over within the streak, else from the streak's
+    start (which never slides). A streak behind the lease or another blocker is not its."""
+    if previous is None:
+        return None
+    owner = previous.gate_blocker
+    if owner is None and previous.reason not in PICK_REASONS:
+        owner = previous.blocker
+    if owner != blocker:
+        return None
+    return previous.since if previous.blocker_since is None else previous.blocker_since
+
+
+def holding_gate(sc: Scenario, name: str,
+                 known: Mapping[str, Fact]) -> tuple[Gate | None, list[Gate]]:
+    """DESIGN §3 promise 5 and the gate's bound: the first gate (in declared order) whose
+    blocker blocks now — due-and-behind, or due-or-running — and whose own clock has not yet
+    reached its ``max_defer_s``; and the blocking gates passed over because it had."""
+    seen = gate_facts(sc, known)
+    previous = sc.state(name).sched.deferral
+    lapsed: list[Gate] = []
+    for gate in sc.spec(name).gates:
+        if not gate_blocks(gate, seen.get(gate.blocker, family_fact(known, gate.blocker))):
+            continue
+        clock = gate_clock(previous, gate.blocker)
+        if gate.max_defer_s is not None and clock is not None and (
+                sc.now - clock >= gate.max_defer_s):
+            lapsed.append(gate)
+            continue
+        return gate, lapsed
+    return None, lapsed
+
+
+def judged_by_gates(sc: Scenario, known: Mapping[str, Fact]) -> dict[str, Gate]:
+    """The due, idle lanes a gate holds back, with that gate: light lanes always, heavy lanes
+    only while the lease is free (a held lease defers them before any gate is looked at)."""
+    held: dict[str, Gate] = {}
+    for name, f in candidates(known).items():
+        if f.spec.kind is LaneKind.HEAVY and sc.lease is not None:
+            continue
+        gate, _ = holding_gate(sc, name, known)
+        if gate is not None:
+            held[name] = gate
+    return held
+
+
 def gated(sc: Scenario, name: str, known: Mapping[str, Fact]) -> bool:
     """Some gate of the lane blocks right now (ignoring max_defer_s, which can only release)."""
     seen = gate_facts(sc, known)
@@ -296,13 +350,14 @@ def candidates(known: Mapping[str, Fact]) -> dict[str, Fact]:
     return {n: f for n, f in known.items() if f.due and not f.in_flight}
 
 
-def gate_deferred(decision: Decision) -> set[str]:
-    return {d.lane for d in decision.deferred if d.reason not in PICK_REASONS}
+def gate_deferred(sc: Scenario, known: Mapping[str, Fact]) -> set[str]:
+    """The lanes the oracle's gates hold back (never the decision's own say-so)."""
+    return set(judged_by_gates(sc, known))
 
 
-def survivors(decision: Decision, known: Mapping[str, Fact]) -> dict[str, Fact]:
-    """Due, idle heavy lanes that no gate deferred."""
-    held = gate_deferred(decision)
+def survivors(sc: Scenario, known: Mapping[str, Fact]) -> dict[str, Fact]:
+    """Due, idle heavy lanes that no gate defers."""
+    held = gate_deferred(sc, known)
     return {n: f for n, f in candidates(known).items()
             if f.spec.kind is LaneKind.HEAVY and n not in held}
 
@@ -361,7 +416,7 @@ def test_due_eligible_priority0_wins_when_lease_free(sc: Scenario) -> None:
 def test_winner_has_the_best_rank_among_survivors(sc: Scenario) -> None:
     known = facts(sc)
     decision = sc.decide()
-    alive = survivors(decision, known)
+    alive = survivors(sc, known)
     if sc.lease is not None:
         assert decision.winner is None
         return
@@ -403,7 +458,7 @@ def test_light_lanes_dispatched_iff_due_idle_and_not_gated(sc: Scenario) -> None
         assert f.spec.kind is LaneKind.LIGHT and f.due and not f.in_flight, name
     due_light = {n for n, f in candidates(known).items() if f.spec.kind is LaneKind.LIGHT}
     # Promise 3: every due, idle light lane goes this tick, whatever the lease, unless gated.
-    assert set(decision.also_dispatched) == due_light - gate_deferred(decision)
+    assert set(decision.also_dispatched) == due_light - gate_deferred(sc, known)
     assert len(set(decision.also_dispatched)) == len(decision.also_dispatched)
     for d in decision.deferred:
         if d.lane in due_light:
@@ -462,3 +517,20 @@ def test_expired_gates_are_streaks_past_max_defer(sc: Scenario) -> None:
         current = sc.state(name).sched.deferral
         assert current is not None and current.blocker == gate.blocker
         assert sc.now - current.since >= gate.max_defer_s
+
+
+@PROPERTY
+@given(scenarios())
+def test_gates_defer_exactly_the_lanes_the_design_says(sc: Scenario) -> None:
+    """Each gate deferral is the oracle's: the lane, the first blocking gate's reason and
+    blocker; the gates that lapsed on the way are the decision's expired gates."""
+    known = facts(sc)
+    decision = sc.decide()
+    expected = {n: (g.reason, g.blocker) for n, g in judged_by_gates(sc, known).items()}
+    by_gate = {d.lane: (d.reason, d.blocker) for d in decision.deferred
+               if d.reason not in PICK_REASONS}
+    assert by_gate == expected
+    lapsed = {(n, g) for n in candidates(known)
+              if not (known[n].spec.kind is LaneKind.HEAVY and sc.lease is not None)
+              for g in holding_gate(sc, n, known)[1]}
+    assert set(decision.expired_gates) == lapsed
