@@ -11,8 +11,16 @@ import logging
 import os
 import ssl
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import AliasChoices, Field, SecretStr, ValidationError, model_validator
+from pydantic import (
+    AliasChoices,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schedproj.core import defaults
@@ -20,7 +28,7 @@ from schedproj.core.errors import ConfigurationError
 from schedproj.core.lanes import Profile
 from schedproj.core.picker import Policy
 from schedproj.core.pressure import DEFAULT_MIN_HOLD_S, DEFAULT_TARGET_RATIO, PressureRule
-from schedproj.store.connection import mask
+from schedproj.store.connection import REDIS_SCHEMES, mask, redis_url_problem
 
 logger = logging.getLogger(__name__)
 
@@ -157,6 +165,24 @@ class Settings(BaseSettings):
         description="Verify the Redis server's certificate: required (default), optional, "
         "or none (no verification: only for testing).",
     )
+
+    @field_validator("redis_url", "audit_redis_url")
+    @classmethod
+    def _redis_url(cls, url: str | None) -> str | None:
+        problem = None if url is None else redis_url_problem(url)
+        if problem is not None:
+            raise ValueError(problem)
+        return url
+
+    @field_validator("broker_url")
+    @classmethod
+    def _broker_url(cls, url: str) -> str:
+        # Only a Redis broker is a Redis URL; other transports are Celery's to judge.
+        if urlsplit(url).scheme in REDIS_SCHEMES:
+            problem = redis_url_problem(url)
+            if problem is not None:
+                raise ValueError(problem)
+        return url
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:

@@ -32,6 +32,36 @@ SENTINEL_PORT = 26379
 FAILOVER_RETRIES = 8
 
 
+#: URL schemes a Redis client is built from (redis-py's, and Sentinel's above).
+REDIS_SCHEMES = ("redis", "rediss", "unix", *SENTINEL_SCHEMES)
+
+
+def redis_url_problem(url: str) -> str | None:
+    """What is wrong with a Redis URL, with the fix (never echoing the URL: it may hold a
+    password); None when a client can be built from it."""
+    parts = urlsplit(url)
+    if parts.scheme not in REDIS_SCHEMES:
+        return (f"scheme {parts.scheme!r} is not a Redis URL scheme. Fix: start it with "
+                "redis:// (rediss:// for TLS, redis+sentinel:// for Sentinel, unix:// for a "
+                "socket)")
+    if parts.scheme in SENTINEL_SCHEMES:
+        try:
+            parse_sentinel_url(url)
+        except ConfigurationError as exc:
+            return f"{str(exc).partition(': ')[2]}. Fix: correct the sentinel addresses"
+        return None
+    try:
+        parts.port  # noqa: B018 - parsing it is the check
+    except ValueError:
+        return ("the port is not a number from 0 to 65535. Fix: write host:port, e.g. "
+                "redis://:password@redis.example:6379/0")
+    db = parts.path.strip("/")
+    if parts.scheme != "unix" and db and not db.isdigit():
+        return (f"database {db[:20]!r} is not a number. Fix: end the URL with the database "
+                "number, e.g. /0")
+    return None
+
+
 def connect(url: str, *, socket_timeout_s: float = 10.0,
             tls: Mapping[str, str] | None = None, retry: bool = True) -> redis.Redis:
     """A client that decodes to ``str`` and gives up on a dead server instead of hanging.
