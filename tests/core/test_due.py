@@ -75,7 +75,7 @@ def test_the_beat_sleep_wakes_for_a_retry_before_the_cadence() -> None:
     assert seconds_until_next_due(views, states, NOW) == 800.0
 
 
-# -- the due-time rule agrees with the views --------------------------------------------------------
+# -- the due-time rule agrees with the views -----------------------------------------------------
 
 KIND = st.sampled_from(tuple(LaneKind))
 CADENCE = st.sampled_from((1.0, 60.0, 600.0, 3600.0, 86400.0))
