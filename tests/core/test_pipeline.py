@@ -754,3 +754,125 @@ def test_sched_changes_end_the_streak_of_lanes_outside_the_decision() -> None:
     decision = decide([DREAM], states, None, NOW)
     assert sched_changes(decision, states, {}, NOW) == (
         {"dream": SchedRecord(paused=True)}, [])
+
+
+# -- light lanes' order within a tick, and due ratios other than 1 ------------------------------
+
+
+def test_light_lanes_go_out_in_declared_order_then_name_whatever_order_given() -> None:
+    lanes = [light("zeta", order=1), light("beta", order=3), light("alpha", order=3),
+             light("omega", order=2), light("mid", order=-1)]
+    states = {s.name: ran(2 * HOUR) for s in lanes}
+    expected = ("mid", "zeta", "omega", "alpha", "beta")
+    assert decide(lanes, states, None, NOW).also_dispatched == expected
+    assert decide(lanes[::-1], states, None, NOW).also_dispatched == expected
+    assert list(decide(lanes[::-1], states, None, NOW).views) == list(expected)
+
+
+def test_deferrals_are_listed_in_declared_order() -> None:
+    lanes = [heavy("c", order=1), heavy("a", order=2), heavy("b", order=2)]
+    states = {s.name: ran(2 * HOUR) for s in lanes}
+    decision = decide(lanes[::-1], states, lease_of("other"), NOW)
+    assert [d.lane for d in decision.deferred] == ["c", "a", "b"]
+
+
+@pytest.mark.parametrize(("due_ratio", "ago", "due"), [
+    (0.8, 0.8 * HOUR, True), (0.8, 0.79 * HOUR, False), (1.2, 1.19 * HOUR, False),
+    (1.2, 1.2 * HOUR, True)])
+def test_a_lane_is_due_at_its_due_ratio(due_ratio: float, ago: float, due: bool) -> None:
+    spec = replace(light("member"), due_ratio=due_ratio)
+    decision = decide([spec], {"member": ran(ago)}, None, NOW)
+    assert decision.views["member"].due is due
+    assert decision.also_dispatched == (("member",) if due else ())
+    # Ranking still uses the true staleness ratio, not the due ratio.
+    assert decision.views["member"].ratio == pytest.approx(ago / HOUR)
+
+
+@pytest.mark.parametrize("due_ratio", [0.7, 1.3])
+def test_the_next_due_time_follows_the_due_ratio(due_ratio: float) -> None:
+    spec = replace(light("member"), due_ratio=due_ratio)
+    states = {"member": ran(0.5 * HOUR)}
+    assert next_due([spec], states) == pytest.approx((due_ratio - 0.5) * HOUR)
+
+
+def test_a_new_family_member_is_just_due_at_its_due_ratio_from_when_it_was_added() -> None:
+    early = replace(light("fam[a]"), family="fam", due_ratio=0.8)
+    late = replace(light("fam[b]"), family="fam", due_ratio=1.25)
+    states = {"fam[a]": ran(None, since=NOW - 10), "fam[b]": ran(None, since=NOW - 10)}
+    decision = decide([early, late], states, None, NOW)
+    assert decision.also_dispatched == ("fam[a]", "fam[b]")
+    # "a" counts as having run one cadence before it was added, "b" its due ratio's worth.
+    assert decision.views["fam[a]"].ratio == pytest.approx(1.0 + 10 / HOUR)
+    assert decision.views["fam[b]"].ratio == pytest.approx(1.25 + 10 / HOUR)
+
+
+def test_a_forced_lane_is_due_whatever_its_cadence_and_still_needs_the_lease() -> None:
+    lanes = [heavy("h"), light("l")]
+    states = {"h": ran(MIN), "l": ran(MIN)}
+    assert decide(lanes, states, None, NOW).dispatched == ()
+    forced = decide(lanes, states, None, NOW, forced={"h", "l"})
+    assert forced.winner == "h" and forced.also_dispatched == ("l",)
+    held = decide(lanes, states, lease_of("x"), NOW, forced={"h"})
+    assert deferrals(held) == {"h": (LEASE_HELD, "x")}
+
+
+def test_the_inflight_grace_keeps_a_stalled_light_run_in_flight() -> None:
+    run = ran(2 * HOUR, running_task_id="r", running_until=NOW - 5)
+    assert decide([light("l")], {"l": run}, None, NOW).also_dispatched == ("l",)
+    graced = decide([light("l")], {"l": run}, None, NOW, inflight_grace_s=10)
+    assert graced.also_dispatched == () and graced.views["l"].in_flight
+
+
+def test_a_paused_lane_given_as_an_argument_is_left_out() -> None:
+    lanes = [light("a"), light("b")]
+    states = {"a": ran(2 * HOUR), "b": ran(2 * HOUR)}
+    decision = decide(lanes, states, None, NOW, paused={"a"})
+    assert decision.also_dispatched == ("b",) and set(decision.views) == {"b"}
+
+
+def test_a_paused_blocker_that_still_runs_keeps_blocking_but_is_never_due() -> None:
+    gated = light("consumer", gates=(Gate("producer", GateCondition.DUE_OR_RUNNING),))
+    producer = light("producer")
+    running = ran(2 * HOUR, running_task_id="r", running_until=NOW + 60)
+    states = {"consumer": ran(2 * HOUR), "producer": running}
+    held = decide([gated, producer], states, None, NOW, paused={"producer"})
+    assert deferrals(held) == {"consumer": (DEPENDENCY, "producer")}
+    assert held.gate_views["producer"].in_flight and not held.gate_views["producer"].due
+    idle = {"consumer": ran(2 * HOUR), "producer": ran(2 * HOUR)}
+    free = decide([gated, producer], idle, None, NOW, paused={"producer"})
+    assert free.also_dispatched == ("consumer",)
+
+
+def test_a_blocker_the_profile_disables_is_not_viewed_for_gates() -> None:
+    producer = light("producer", deployment=DeploymentClass.LOCAL_ONLY)
+    gated = light("consumer", gates=(Gate("producer", GateCondition.DUE_OR_RUNNING),))
+    states = {"consumer": ran(2 * HOUR),
+              "producer": ran(2 * HOUR, running_task_id="r", running_until=NOW + 60)}
+    decision = decide([gated, producer], states, None, NOW, Profile.CLOUD,
+                      paused={"producer"})
+    assert "producer" not in decision.gate_views
+    assert decision.also_dispatched == ("consumer",)
+
+
+def test_an_unreadable_light_blocker_without_a_record_counts_as_running() -> None:
+    gated = light("consumer", gates=(Gate("producer", GateCondition.DUE_OR_RUNNING),))
+    states = {"consumer": ran(2 * HOUR)}
+    decision = decide([gated, light("producer")], states, None, NOW, unreadable={"producer"})
+    assert deferrals(decision) == {"consumer": (DEPENDENCY, "producer")}
+    # With its record read (it is merely unreadable this tick for its due-check), it is idle.
+    known = {**states, "producer": ran(MIN)}
+    read = decide([gated, light("producer")], known, None, NOW, unreadable={"producer"})
+    assert read.also_dispatched == ("consumer",)
+
+
+def test_a_family_gate_blocks_whichever_member_is_busy() -> None:
+    members = [replace(light(f"fam[{k}]"), family="fam") for k in ("a", "b", "c")]
+    gated = light("consumer", gates=(Gate("fam", GateCondition.DUE_OR_RUNNING),))
+    for busy in ("fam[a]", "fam[c]"):
+        states = {m.name: ran(MIN) for m in members}
+        states[busy] = ran(MIN, running_task_id="r", running_until=NOW + 60)
+        states["consumer"] = ran(2 * HOUR)
+        decision = decide([gated, *members], states, None, NOW)
+        assert deferrals(decision) == {"consumer": (DEPENDENCY, "fam")}, busy
+    idle = {m.name: ran(MIN) for m in members} | {"consumer": ran(2 * HOUR)}
+    assert decide([gated, *members], idle, None, NOW).also_dispatched == ("consumer",)
