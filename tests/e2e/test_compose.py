@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import logging
 import os
 import re
 import shlex
@@ -238,22 +239,74 @@ def test_redis_persists_and_never_evicts(services: dict[str, Any]) -> None:
         "the append-only file must live in a volume")
 
 
+#: Every secret the compose file needs, none with a default (a value for the data checks).
+SECRETS = {"REDIS_PASSWORD": "r3dispass", "FLOWER_BASIC_AUTH": "admin:fl0wer",
+           "SCHEDPROJ_STATUS_PASSWORD": "st4tus"}
+
+
+def required(text: str, name: str) -> None:
+    """``text`` takes ``name`` from the environment and refuses to start without it."""
+    with pytest.raises(ValueError, match=name):
+        interpolate(text, {})
+    with pytest.raises(ValueError, match=name):
+        interpolate(text, {name: ""})
+
+
 def test_flower_requires_basic_auth_from_the_environment(services: dict[str, Any]) -> None:
     flower = services["flower"]
     command = argv(flower["command"])
     assert command[:4] == ["celery", "-A", "schedproj.app", "flower"]
-    auth = [w for w in command if w.startswith("--basic-auth")]
-    assert len(auth) == 1, command
-    m = re.fullmatch(r"--basic-auth=\$\{FLOWER_BASIC_AUTH:\?[^}]+\}", auth[0])
-    assert m, f"basic auth must be required from FLOWER_BASIC_AUTH, no default: {auth[0]}"
-    with pytest.raises(ValueError, match="FLOWER_BASIC_AUTH"):
-        interpolate(auth[0], {})
-    with pytest.raises(ValueError, match="FLOWER_BASIC_AUTH"):
-        interpolate(auth[0], {"FLOWER_BASIC_AUTH": ""})
-    assert interpolate(auth[0], {"FLOWER_BASIC_AUTH": "a:b"}) == "--basic-auth=a:b"
-    assert "FLOWER_BASIC_AUTH" not in (flower.get("environment") or {})
+    # In the command line the password would show in `docker inspect` and `ps`: Flower reads
+    # FLOWER_BASIC_AUTH from its environment instead.
+    assert not [w for w in command if "auth" in w.lower()], command
+    auth = flower["environment"]["FLOWER_BASIC_AUTH"]
+    assert re.fullmatch(r"\$\{FLOWER_BASIC_AUTH:\?[^}]+\}", auth), auth
+    required(auth, "FLOWER_BASIC_AUTH")
+    assert interpolate(auth, {"FLOWER_BASIC_AUTH": "a:b"}) == "a:b"
     assert "--port=5555" in command
     assert any(str(p).endswith("5555:5555") for p in flower.get("ports", []))
+
+
+def test_no_secret_is_in_a_command_line(compose: dict[str, Any]) -> None:
+    for name, svc in compose["services"].items():
+        for part in ("command", "entrypoint"):
+            words = " ".join(argv(svc.get(part) or []))
+            for secret in SECRETS:
+                assert secret not in words, f"{name}'s {part} holds {secret}"
+
+
+def test_redis_asks_for_a_password_every_client_sends(compose: dict[str, Any],
+                                                      services: dict[str, Any]) -> None:
+    redis_svc = services["redis"]
+    command = argv(redis_svc["command"])
+    include = command[command.index("--include") + 1]
+    mounted = {c["target"]: c["source"] for c in redis_svc["configs"]}
+    content = compose["configs"][mounted[include]]["content"]
+    required(content, "REDIS_PASSWORD")
+    assert interpolate(content, SECRETS).strip() == "requirepass r3dispass"
+    # The health check's redis-cli authenticates (REDISCLI_AUTH) with the same password.
+    assert interpolate(redis_svc["environment"]["REDISCLI_AUTH"], SECRETS) == "r3dispass"
+    for name in ("beat", "heavy", "light", "flower"):
+        url = services[name]["environment"]["CELERY_BROKER_URL"]
+        required(url, "REDIS_PASSWORD")
+        assert interpolate(url, SECRETS) == "redis://:r3dispass@redis:6379/0"
+        Settings.load(broker_url=interpolate(url, SECRETS))  # a URL the settings accept
+
+
+def test_beat_serves_its_page_with_auth_and_logs_no_error_at_start(
+        services: dict[str, Any], caplog: pytest.LogCaptureFixture) -> None:
+    from schedproj.telemetry.webserver import credentials
+
+    env = {k: interpolate(v, SECRETS) for k, v in services["beat"]["environment"].items()}
+    required(services["beat"]["environment"]["SCHEDPROJ_STATUS_PASSWORD"],
+             "SCHEDPROJ_STATUS_PASSWORD")
+    settings = Settings.load(
+        broker_url=env["CELERY_BROKER_URL"], metrics_host=env["SCHEDPROJ_METRICS_HOST"],
+        metrics_port=env["SCHEDPROJ_METRICS_PORT"], status_user=env["SCHEDPROJ_STATUS_USER"],
+        status_password=env["SCHEDPROJ_STATUS_PASSWORD"])
+    with caplog.at_level(logging.ERROR):
+        creds, allowed = credentials(settings)
+    assert allowed and creds == ("ops", "st4tus") and not caplog.records
 
 
 def test_one_beat_and_scalable_heavy_workers(services: dict[str, Any]) -> None:
@@ -272,7 +325,8 @@ def test_environment_of_every_schedproj_service(services: dict[str, Any]) -> Non
     for name in ("beat", "heavy", "light", "flower"):
         env = services[name]["environment"]
         assert isinstance(env, dict), f"{name}: use the mapping form"
-        assert env["CELERY_BROKER_URL"] == "redis://redis:6379/0"
+        assert interpolate(env["CELERY_BROKER_URL"], SECRETS) == \
+            "redis://:r3dispass@redis:6379/0"
         assert interpolate(env["SCHEDPROJ_LANE_MODULES"], {}) == "schedproj.rem.lanes"
         assert interpolate(env["SCHEDPROJ_LANE_MODULES"],
                            {"SCHEDPROJ_LANE_MODULES": "my.lanes"}) == "my.lanes"
@@ -333,12 +387,14 @@ def test_docker_compose_config_accepts_the_file() -> None:
             pytest.fail(why)
         pytest.skip(why)
     cmd = [*cli, "-f", str(COMPOSE_FILE), "config", "--quiet"]
-    env = {k: v for k, v in os.environ.items() if k != "FLOWER_BASIC_AUTH"}
-    ok = subprocess.run(cmd, env={**env, "FLOWER_BASIC_AUTH": "admin:secret"},
-                        capture_output=True, text=True, timeout=60)
+    env = {k: v for k, v in os.environ.items() if k not in SECRETS}
+    ok = subprocess.run(cmd, env={**env, **SECRETS}, capture_output=True, text=True,
+                        timeout=60)
     assert ok.returncode == 0, ok.stderr
-    missing = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
-    assert missing.returncode != 0 and "FLOWER_BASIC_AUTH" in missing.stderr
+    for name in SECRETS:
+        without = {**env, **{k: v for k, v in SECRETS.items() if k != name}}
+        missing = subprocess.run(cmd, env=without, capture_output=True, text=True, timeout=60)
+        assert missing.returncode != 0 and name in missing.stderr
 
 
 def test_test_override_puts_every_service_on_loopback_of_the_hosts_network() -> None:
@@ -350,7 +406,7 @@ def test_test_override_puts_every_service_on_loopback_of_the_hosts_network() -> 
             pytest.fail(why)
         pytest.skip(why)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SCHEDPROJ_", "FLOWER_"))}
-    env.update({"FLOWER_BASIC_AUTH": "admin:secret", "SCHEDPROJ_TEST_REDIS_PORT": "16391",
+    env.update({**SECRETS, "SCHEDPROJ_TEST_REDIS_PORT": "16391",
                 "SCHEDPROJ_TEST_FLOWER_PORT": "15556", "SCHEDPROJ_TEST_METRICS_PORT": "19809"})
     out = subprocess.run([*cli, "-f", str(COMPOSE_FILE), "-f", str(TEST_OVERRIDE),
                           "config", "--format", "json"], env=env, capture_output=True,
@@ -363,7 +419,7 @@ def test_test_override_puts_every_service_on_loopback_of_the_hosts_network() -> 
         assert not svc.get("ports"), f"{name} publishes {svc['ports']}"
         for key, value in (svc.get("environment") or {}).items():
             if str(value).startswith("redis://"):
-                assert value == "redis://127.0.0.1:16391/0", (name, key, value)
+                assert value == "redis://:r3dispass@127.0.0.1:16391/0", (name, key, value)
     assert "--address=127.0.0.1" in merged["services"]["flower"]["command"]
     assert "--port=15556" in merged["services"]["flower"]["command"]
     beat = merged["services"]["beat"]["environment"]
@@ -519,7 +575,9 @@ def test_flower_command_refuses_requests_without_the_password(
     command = [interpolate(word, env) for word in argv(services["flower"]["command"])]
     command = [f"--port={port}" if w == "--port=5555" else
                "--address=127.0.0.1" if w.startswith("--address=") else w for w in command]
-    group = Started(tmp_path, {k: v for k, v in env.items() if k != "FLOWER_BASIC_AUTH"})
+    # The password reaches Flower the way compose passes it: its environment, not its argv.
+    group = Started(tmp_path, {**env, "FLOWER_BASIC_AUTH": interpolate(
+        services["flower"]["environment"]["FLOWER_BASIC_AUTH"], env)})
     started.append(group)
     group.start("flower", [str(Path(sys.executable).parent / command[0]), *command[1:]])
     base = f"http://127.0.0.1:{port}"

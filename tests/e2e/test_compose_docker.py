@@ -53,6 +53,9 @@ IMAGE = f"schedproj:compose-test-{os.getpid()}"
 LEASE_TTL_S = 5.0
 HEAVY_REPLICAS = 3
 FLOWER_AUTH = "admin:compose-test-secret"
+#: Redis asks every client for it; beat's status page asks for the other.
+REDIS_PASSWORD = "composeTestRedis1"
+STATUS_PASSWORD = "compose-test-status"
 PREFIX = "schedproj"
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -167,7 +170,7 @@ class Deployment:
 
     def redis(self) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=self.redis_port, decode_responses=True,
-                           socket_timeout=5)
+                           socket_timeout=5, password=REDIS_PASSWORD)
 
     def diagnostics(self) -> str:
         ps = self.compose("ps", "--all", check=False).stdout
@@ -209,6 +212,8 @@ def deployment(engine: None, request: pytest.FixtureRequest) -> Iterator[Deploym
            if not k.startswith(("SCHEDPROJ_", "COMPOSE_", "FLOWER_"))}
     env.update({
         "FLOWER_BASIC_AUTH": FLOWER_AUTH,
+        "REDIS_PASSWORD": REDIS_PASSWORD,
+        "SCHEDPROJ_STATUS_PASSWORD": STATUS_PASSWORD,
         "SCHEDPROJ_TEST_IMAGE": IMAGE,
         "SCHEDPROJ_TEST_BASE_IMAGE": base,
         "SCHEDPROJ_TEST_REDIS_PORT": str(ports["redis"]),
@@ -287,6 +292,22 @@ def test_every_service_is_up_and_healthy_on_the_hosts_loopback(deployment: Deplo
     # Host networking: compose made no network, and the host has no new interface.
     assert labelled("network", deployment.project) == []
     assert host_interfaces() == deployment.interfaces_before
+
+
+def test_no_secret_in_a_command_line_and_beat_starts_without_an_error(
+        deployment: Deployment) -> None:
+    secrets = (REDIS_PASSWORD, STATUS_PASSWORD, FLOWER_AUTH.split(":", 1)[1])
+    for row in deployment.containers():
+        info = deployment.inspect(row["ID"])
+        shown = json.dumps([info.get("Path"), info.get("Args"), info["Config"].get("Cmd"),
+                            info["Config"].get("Entrypoint")])
+        assert not [s for s in secrets if s in shown], f"{row['Name']}: {shown}"
+    logs = deployment.compose("logs", "--no-color", "beat", timeout=60).stdout
+    assert " ERROR" not in logs and "status page refused" not in logs, logs[-3000:]
+    assert deployment.redis().ping()  # with the password; without it Redis refuses
+    anonymous = redis.Redis(host="127.0.0.1", port=deployment.redis_port, socket_timeout=5)
+    with pytest.raises(redis.AuthenticationError):
+        anonymous.ping()
 
 
 def test_redis_keeps_an_append_only_file_and_never_evicts(deployment: Deployment) -> None:
