@@ -32,7 +32,7 @@ from schedproj.core.pressure import (
 )
 from schedproj.core.records import LaneState, LeaseView, Outcome, RunRecord
 from schedproj.core.records import encode as encode_record
-from schedproj.on_celery.beat import FairScheduler
+from schedproj.on_celery.dispatch import PressurePublisher
 from schedproj.on_celery.task import LeaseRenewer, RunContext
 from schedproj.store.lease import HeavyLease, Renewal
 from schedproj.store.protocol import Keys
@@ -190,20 +190,20 @@ def heavy(name: str, cadence: float, order: int) -> LaneSpec:
                     order=order)
 
 
-def publish(beat: Any, states: dict[str, LaneState], lease: LeaseView | None, now: float,
-            event: str = "renewed") -> None:
+def publish(beat: PressurePublisher, states: dict[str, LaneState], lease: LeaseView | None,
+            now: float, event: str = "renewed") -> None:
     lanes = [heavy("long", 86400, 1), heavy("short", 60, 2)]
     snap = SimpleNamespace(states=states, lease=lease, lock=SimpleNamespace(event=event),
                            epoch=SimpleNamespace(cause=""))
-    FairScheduler._publish_pressure(beat, decide(lanes, states, lease, now), snap, now)
+    beat.publish(decide(lanes, states, lease, now), snap, now,  # type: ignore[arg-type]
+                 states=states, partial=False)
 
 
 def test_beat_publishes_the_pressure_once_per_change() -> None:
     client = CountingClient()
-    beat = SimpleNamespace(rt=SimpleNamespace(store=SimpleNamespace(client=client),
-                                              keys=Keys("t")),
-                           settings=SimpleNamespace(policy=Policy.STALENESS),
-                           _pressure=None, _pressure_failing=False)
+    rt = SimpleNamespace(store=SimpleNamespace(client=client), keys=Keys("t"),
+                         settings=SimpleNamespace(policy=Policy.STALENESS))
+    beat = PressurePublisher(rt, lanes=None)  # type: ignore[arg-type]
     states = {"long": LaneState(run=RunRecord(last_run_at=NOW - 86400, backlog=9)),
               "short": LaneState(run=RunRecord(last_run_at=NOW - 90))}
     lease = LeaseView(lane="long", token="x", fence=4, granted_at=NOW - 30, started_at=NOW)

@@ -200,7 +200,7 @@ def test_members_hook_is_synced_at_a_bounded_rate(key_prefix: str, broker: redis
     store = FamilyStore(redis_client, Keys(key_prefix))
     assert store.members(FAMILY) == ["x", "y"]
     wanted[:] = ["y", "z"]
-    sched._syncs[FAMILY] = 0.0  # the sync interval passed
+    sched.engine.families.last_sync[FAMILY] = 0.0  # the sync interval passed
     sched.tick()
     assert store.members(FAMILY) == ["y", "z"]
     sched.close()

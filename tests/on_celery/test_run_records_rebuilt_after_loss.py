@@ -284,7 +284,7 @@ def test_a_killed_run_is_recorded_lost_even_when_its_lane_starts_again_at_once(
     sched.tick()
     redis_client.delete(keys.lease)  # its worker was SIGKILLed; the lease lapsed
     broker.delete("heavy")
-    send = sched._send
+    send = sched.engine.dispatcher.send
 
     def send_and_start_at_once(lane: str, message: object, kwargs: dict) -> bool:
         sent_ok = send(lane, message, kwargs)  # type: ignore[arg-type]
@@ -296,7 +296,7 @@ def test_a_killed_run_is_recorded_lost_even_when_its_lane_starts_again_at_once(
                                                    fence=new["fence"]))
         return sent_ok
 
-    monkeypatch.setattr(sched, "_send", send_and_start_at_once)
+    monkeypatch.setattr(sched.engine.dispatcher, "send", send_and_start_at_once)
     store.touch(["v.heavy"])  # read this tick (as when anything else wrote the lane)
     sched.tick()
     assert [m["task"] for m in sent(broker, "heavy")] == ["v.heavy"]  # dispatched again

@@ -1,0 +1,236 @@
+"""Carrying a tick's plan out: grant the heavy lease, record the dispatch with the due index
+(only while holding the beat lock), send the messages, publish the pressure on the lease."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import redis
+from celery.beat import ScheduleEntry
+
+from schedproj.core.deferrals import Deferral
+from schedproj.core.dueindex import TickMemory, next_look, waits_for_lease, with_changes
+from schedproj.core.errors import BeatLockLost
+from schedproj.core.families import split_member
+from schedproj.core.lanes import queue_for
+from schedproj.core.picker import Policy
+from schedproj.core.pipeline import Decision
+from schedproj.core.planner import Plan, Send
+from schedproj.core.pressure import Pressure, changed, measure, outranks
+from schedproj.core.pressure import encode as encode_pressure
+from schedproj.core.records import LaneState
+from schedproj.on_celery.messages import LEASE_KWARG, heavy_kwargs, light_kwargs
+from schedproj.on_celery.runtime import Runtime
+from schedproj.on_celery.tick_lanes import TickLanes
+from schedproj.store.lane_store import Snapshot
+from schedproj.store.protocol import CounterKind, counter_field
+
+logger = logging.getLogger("schedproj.beat")
+
+
+class LaneEntry(ScheduleEntry):  # type: ignore[misc]
+    """A schedule entry that carries the result of its own send: Celery's ``apply_entry``
+    logs a failed send and swallows it, so the failure is noted here for the caller."""
+
+    send_error: BaseException | None = None
+
+
+def _nothing_before_send(plan: Plan) -> None:
+    """The default between recording a dispatch and sending it: nothing."""
+
+
+class Dispatcher:
+    """Grant, record (with the due index), send. ``apply_entry`` is Celery's send (the
+    scheduler's, so Sentry's Crons wrapper sees it); ``before_send`` is a seam between
+    recording and sending, for fault runs that stall a beat there."""
+
+    def __init__(self, rt: Runtime, token: str, memory: TickMemory, lanes: TickLanes,
+                 entries: Mapping[str, ScheduleEntry],
+                 apply_entry: Callable[[LaneEntry], None],
+                 before_send: Callable[[Plan], None] = _nothing_before_send) -> None:
+        self.rt, self.settings, self.token = rt, rt.settings, token
+        self.memory, self.lanes, self.entries = memory, lanes, entries
+        self.apply_entry, self.before_send = apply_entry, before_send
+
+    def dispatch(self, plan: Plan, snap: Snapshot) -> tuple[Plan, float | None]:
+        """Returns the plan carried out and the next look after now. Raises
+        :class:`BeatLockLost` if this beat lost its lock on the way (nothing is sent then)."""
+        ttl = self.settings.beat_lock_ttl_s
+        if time.time() - plan.now > ttl / 3 and not self.rt.store.renew(self.token, ttl):
+            # A long tick (thousands of lanes newly due at once) outlived the lock.
+            self.memory.reset()
+            raise BeatLockLost("the tick outlived the beat lock before recording the dispatch")
+        plan, grant_kwargs = self._grant(plan, snap.lock.fence)
+        looks = self._record(plan, snap, grant_kwargs)
+        self.before_send(plan)
+        _log_deferrals(plan.new_deferrals, plan.decision)
+        self.rt.store.count_many(Counter(counter_field(CounterKind.DEFERRALS, d.reason.value)
+                                         for d in plan.new_deferrals))
+        self._send_all(plan, snap, grant_kwargs)
+        later = [look for look in looks.values() if look > plan.now]
+        if snap.next_look is not None:
+            later.append(snap.next_look)
+        return plan, min(later, default=None)
+
+    def _record(self, plan: Plan, snap: Snapshot,
+                grant_kwargs: dict[str, Any]) -> dict[str, float]:
+        """Write the plan's record changes and each planned lane's next look, together, only
+        while holding the beat lock. Returns the looks."""
+        states = with_changes(plan.states, plan.changes)
+        looks, waiting = self._looks(plan, states, snap)
+        token = (grant_kwargs[LEASE_KWARG]["token"] if grant_kwargs
+                 else snap.lease.token if snap.lease is not None else None)
+        writes = self.memory.settle(looks, plan.now, token, waiting, states)
+        if not self.rt.store.write_sched(self.token, plan.changes, writes):
+            if grant_kwargs:
+                self.rt.lease.release(grant_kwargs[LEASE_KWARG]["token"])
+            self.memory.reset()
+            raise BeatLockLost("beat lock lost before recording the dispatch")
+        return looks
+
+    def _looks(self, plan: Plan, states: dict[str, LaneState],
+               snap: Snapshot) -> tuple[dict[str, float], set[str]]:
+        """Each planned lane's next look once the plan is carried out (``states``), and which
+        of them are heavy lanes waiting for the lease (skipped while the same lease is
+        held)."""
+        looks: dict[str, float] = {}
+        waiting: set[str] = set()
+        memory, changes, read = self.memory, plan.changes, snap.states
+        for lane, state in states.items():
+            if lane not in changes and lane not in read and lane in memory.scores:
+                # Due before, unchanged since: its next look is what the index holds.
+                looks[lane] = memory.scores[lane]
+                if lane in memory.waiting:
+                    waiting.add(lane)
+                continue
+            spec = self.lanes.specs[lane]
+            forced = lane in snap.forced and lane not in plan.sends
+            looks[lane] = next_look(spec, state, plan.now, paused=lane in snap.paused,
+                                    forced=forced, grace_s=self.settings.lease_ttl_s)
+            if (spec.heavy and waits_for_lease(state) and lane not in plan.sends
+                    and spec.family not in self.lanes.gating_families):
+                waiting.add(lane)
+        return looks, waiting
+
+    def _grant(self, plan: Plan, beat_fence: int) -> tuple[Plan, dict[str, Any]]:
+        """Ask for the heavy lease for the plan's winner. Returns the plan to carry out (the
+        winner dropped if the lease is held) and the grant to send with the winner's message;
+        raises :class:`BeatLockLost` if this beat lost its lock."""
+        heavy = plan.heavy
+        if heavy is None:
+            return plan, {}
+        token = uuid.uuid4().hex
+        grant = self.rt.lease.acquire(heavy.lane, token, self.settings.start_deadline_s,
+                                      plan.now, task_id=heavy.task_id, beat_token=self.token)
+        if grant.not_active_beat:
+            raise BeatLockLost("beat lock lost before granting the heavy lease")
+        if grant.quarantine_s is not None:
+            logger.warning("heavy lease not granted: Redis may have lost state; %s waits %s",
+                           heavy.lane, "for the state's epoch" if grant.quarantine_s < 0
+                           else f"{grant.quarantine_s:.1f}s more")
+            return plan.only(set(plan.sends) - {heavy.lane}), {}
+        if not grant.granted:
+            logger.info("heavy lease already held by %s; %s waits", grant.holder, heavy.lane)
+            return plan.only(set(plan.sends) - {heavy.lane}), {}
+        return plan, heavy_kwargs(token, grant.fence, beat_fence)
+
+    def _send_all(self, plan: Plan, snap: Snapshot, grant_kwargs: dict[str, Any]) -> None:
+        """Send the heavy winner and every light lane; log what left for the audit."""
+        sent = []
+        for lane, send in plan.sends.items():
+            kwargs = (grant_kwargs if lane == plan.decision.winner
+                      else light_kwargs(snap.lock.fence))
+            if self.send(lane, send, kwargs):
+                sent.append({"lane": lane, "task": send.task_id, "t": time.time(),
+                             "beat": self.token[:8],
+                             "fence": kwargs.get(LEASE_KWARG, {}).get("fence", 0)})
+        self.rt.store.log_many(self.rt.keys.dispatch_log, sent)
+        # A forced lane whose message did not leave keeps its request for the next tick.
+        self.rt.store.done_forcing([e["lane"] for e in sent if e["lane"] in snap.forced])
+
+    def send(self, lane: str, send: Send, kwargs: dict[str, Any]) -> bool:
+        """Send one lane's message; on failure undo its grant. True if it left."""
+        spec = self.lanes.specs[lane]
+        member = split_member(lane) if spec.family is not None else None
+        entry = LaneEntry(
+            name=lane, task=spec.task_name, app=self.entries[spec.family or lane].app,
+            schedule=self.entries[spec.family or lane].schedule,
+            args=(member[1],) if member else (), kwargs=kwargs,
+            # No Celery ``expires``: whether given absolute or in seconds, Celery turns it into
+            # an absolute time on beat's clock that each worker judges on its own, so a worker
+            # whose clock runs ahead would drop every message. A late message is refused by
+            # Redis-side checks instead, on one clock: a heavy grant lapses at the start
+            # deadline (its TTL on the server), and a light message starts only while it is its
+            # lane's current dispatch, so none can run after beat has sent its replacement.
+            # The AMQP ``expiration`` (relative; RabbitMQ enforces it on its own clock) still
+            # drops a message nobody consumed before its deadline.
+            options={"queue": queue_for(spec.kind), "task_id": send.task_id,
+                     "expiration": max(0.0, send.deadline - time.time())},
+        )
+        self.apply_entry(entry)
+        if entry.send_error is None:
+            return True
+        # The message never left: undo the grant so nothing waits for it.
+        logger.error("lane %s: send failed; lease released and lane left due", lane)
+        grant = kwargs.get(LEASE_KWARG)
+        if grant:
+            self.rt.lease.release(grant["token"])
+        self.rt.store.clear_inflight(self.token, lane)
+        return False
+
+
+def _log_deferrals(news: tuple[Deferral, ...], decision: Decision) -> None:
+    for d in news:
+        logger.info("lane %s deferred: %s (blocker %s)", d.lane, d.reason.value, d.blocker)
+    for lane, gate in decision.expired_gates:
+        logger.warning("lane %s: gate on %s deferred it for over %ss; letting it run so the "
+                       "chain cannot deadlock", lane, gate.blocker, gate.max_defer_s)
+    if decision.dispatched:
+        logger.info("dispatch: heavy=%s light=%s", decision.winner or "-",
+                    ",".join(decision.also_dispatched) or "-")
+
+
+class PressurePublisher:
+    """Publishes the waiting heavy lane pressing on the lease (``core.pressure.measure``) for
+    the holder, who reads it in its renewal reply."""
+
+    def __init__(self, rt: Runtime, lanes: TickLanes) -> None:
+        self.rt, self.lanes = rt, lanes
+        #: The pressure this beat last published, if it published.
+        self.published: tuple[Pressure | None] | None = None
+        self.failing = False
+
+    def publish(self, decision: Decision, snap: Snapshot, now: float, *,
+                states: Mapping[str, LaneState], partial: bool) -> None:
+        """Written only when it changed: an unchanged tick costs no round trip. A beat that
+        just took the lock, or Redis that lost state, writes it again whatever this beat last
+        wrote. A ``partial`` tick skipped lanes waiting on the same hold: what it published
+        for them stands unless a lane it did see outranks it."""
+        pressure = measure(decision, states, snap.lease, now,
+                           legacy=self.rt.settings.policy is Policy.REGISTRY)
+        if partial and self.published is not None and not outranks(
+                pressure, self.published[0], now, self.lanes.spec):
+            return
+        if snap.lock.event != "renewed" or snap.epoch.cause:
+            self.published = None
+        if self.published is not None and not changed(self.published[0], pressure):
+            return
+        try:
+            self.rt.store.client.hset(self.rt.keys.pressure, "current", encode_pressure(pressure))
+        except redis.ResponseError as exc:
+            # Garbage at the key (a string, a list): say so once and keep scheduling; the
+            # holder's renewal reads no pressure from it meanwhile.
+            if not self.failing:
+                logger.error("cannot publish the pressure on the lease (%s); delete the key %s",
+                             exc, self.rt.keys.pressure)
+            self.failing = True
+            return
+        self.published, self.failing = (pressure,), False
+
+
+__all__ = ["Dispatcher", "LaneEntry", "PressurePublisher"]

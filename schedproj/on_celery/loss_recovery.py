@@ -1,0 +1,154 @@
+"""Beat's side of losses: Redis losing state, and runs lost with no end recorded.
+
+After a state loss seen by the active beat, the run records of declared lanes are put back
+(:func:`lifecycle.rebuilt`). Each tick, runs whose keep-alive lapsed are recorded lost; which
+ones, and what to record, is :mod:`schedproj.core.lostruns`' judgement: this module reads,
+asks it, and writes by compare and set. (Not :mod:`.recovery`: that one is the worker's, freeing
+the lease of a dead predecessor on the same node.)
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+
+from schedproj.core import lifecycle, lostruns
+from schedproj.core.errors import StateError
+from schedproj.core.lostruns import LostRun
+from schedproj.core.records import LaneState, LeaseView, RunRecord
+from schedproj.on_celery.tick_lanes import TickLanes
+from schedproj.store.lane_store import LaneStore, Snapshot
+from schedproj.store.protocol import CounterKind, Keys, counter_field, run_field
+
+logger = logging.getLogger("schedproj.beat")
+
+
+def say_state_loss(snap: Snapshot) -> None:
+    """Say loudly, once, that Redis lost state and what beat does about it."""
+    if not snap.epoch.cause:
+        return
+    if snap.epoch.cause == "state-missing":
+        what = ("Redis holds no schedproj state (a restart without persistence, a "
+                "failover, or a first start)")
+    else:
+        what = "Redis is another server process than before (a restart or a failover)"
+    logger.error("state loss: %s; no lane is dispatched for %.1fs while earlier runs "
+                 "re-assert their lease or in-flight mark", what,
+                 snap.epoch.quarantine_left_s)
+
+
+class LossRecovery:
+    """Puts back lost run records and records lost runs, for the active beat."""
+
+    def __init__(self, store: LaneStore, keys: Keys, lanes: TickLanes, grace_s: float) -> None:
+        self.store, self.keys, self.lanes = store, keys, lanes
+        #: A light run's in-flight mark counts this long past its end (clock skew).
+        self.grace_s = grace_s
+        #: The started heavy lease seen last tick (``lostruns.follow_lease``).
+        self.started_lease: LeaseView | None = None
+        #: Last runs this beat estimated after a state loss, kept until the lane's record says
+        #: it ran: a second loss before then keeps the earlier estimate, so losses that come
+        #: faster than a cadence never push a lane's turn back for ever.
+        self.estimated: dict[str, float] = {}
+        #: When this beat last put back records after a state loss (a run that started before
+        #: then and is recorded lost may have ended unrecorded: its end was lost with Redis).
+        self.put_back_at: float | None = None
+
+    def stand_by(self) -> None:
+        """Another beat judges runs and keeps the lanes' records now."""
+        self.started_lease = None
+        self.estimated = {}
+
+    def put_back(self, remembered: dict[str, RunRecord], now: float) -> None:
+        """Redis lost state under this active beat: put back the run records it lost (what
+        this beat remembers of its due lanes; an estimate within one due interval for the
+        rest, see :func:`lifecycle.rebuilt`), so the lanes go on in their order instead of all
+        being "never ran" at once, in declared order. A beat that starts into a loss remembers
+        nothing and cannot tell it from a first start: every lane is then due at once. Family
+        members are left to the family's ``members`` hook (their set was lost too; putting a
+        member back without it would leave a lane nobody lists)."""
+        records = {}
+        for lane in {*self.lanes.lanes.names, *remembered}:
+            spec = self.lanes.spec(lane)
+            if spec is None or spec.family is not None:
+                continue
+            record = lifecycle.rebuilt(remembered.get(lane), lane=lane, cadence_s=spec.cadence_s,
+                                       due_ratio=spec.due_ratio, lost_at=now)
+            if lane not in remembered and record.last_run_at is not None:
+                estimate = min(self.estimated.get(lane, record.last_run_at), record.last_run_at)
+                record = replace(record, last_run_at=estimate)
+                self.estimated[lane] = estimate
+            records[lane] = record
+        written = self.store.put_back_runs(records)
+        self.put_back_at = now
+        logger.warning("state loss: put back %d lanes' run records (%d as this beat "
+                       "remembered them, the rest estimated: due within one due interval)",
+                       written, len(remembered.keys() & records.keys()))
+
+    def forget_estimates(self, states: Mapping[str, LaneState]) -> None:
+        """A lane whose record no longer carries the estimate ran since: forget it."""
+        for lane, state in states.items():
+            if state.run.last_reason != lifecycle.ESTIMATED_AFTER_LOSS:
+                self.estimated.pop(lane, None)
+
+    def record_vanished_run(self, snap: Snapshot, now: float) -> None:
+        """Record as lost a heavy run whose lease, seen started on an earlier tick, is gone
+        while its record neither says it ended nor that it is running
+        (:func:`lostruns.vanished_run`)."""
+        self.started_lease, gone = lostruns.follow_lease(self.started_lease, snap.lease)
+        if gone is None:
+            return
+        raw = snap.raw.get(run_field(gone.lane))
+        read = snap.states.get(gone.lane)
+        if raw is not None and read is not None:
+            # The run's end changed its record, so this tick read it already (a normal
+            # hand-off costs no extra round trip); mark_lost compares and sets on this raw.
+            record = read.run
+        else:
+            try:
+                raw, record = self.store.read_run_raw(gone.lane)
+            except StateError:
+                return  # unreadable: reported by the tick, never overwritten
+        lost = lostruns.vanished_run(gone, record, now=now, put_back_at=self.put_back_at)
+        if lost is not None:
+            self._write(lost, raw or "")
+
+    def record_lapsed_runs(self, snap: Snapshot, states: Mapping[str, LaneState],
+                           now: float) -> None:
+        """Record as lost every run that started and whose lease (heavy) or in-flight mark
+        (light) lapsed with no end recorded (:func:`lostruns.has_lapsed`)."""
+        for lane, state in states.items():
+            spec = self.lanes.specs.get(lane)
+            run = state.run
+            if spec is None or not lostruns.has_lapsed(run, heavy=spec.heavy, lease=snap.lease,
+                                                       now=now, grace_s=self.grace_s):
+                continue
+            raw = snap.raw.get(run_field(lane))
+            if raw is None:  # remembered from an earlier tick: judge what is stored now
+                try:
+                    raw, stored = self.store.read_run_raw(lane)
+                except StateError:
+                    continue
+                if not lostruns.same_run(run, stored):
+                    continue
+                run = stored
+            if raw is not None:
+                self._write(lostruns.lapsed_run(lane, run, heavy=spec.heavy, now=now,
+                                                put_back_at=self.put_back_at), raw)
+
+    def _write(self, lost: LostRun, raw: str) -> None:
+        """Record the loss (compare and set on ``raw``); said, counted and journaled."""
+        if not self.store.mark_lost(lost.lane, raw, lost.record, task_id=lost.task_id,
+                                    heavy=lost.heavy):
+            return
+        logger.error("lane %s: run %s lost (%s, no end recorded; its worker died?)",
+                     lost.lane, lost.task_id, lost.why)
+        self.store.count(counter_field(CounterKind.LOST, lost.lane))
+        self.store.log(self.keys.journal, {
+            "ev": "lost", "lane": lost.lane, "task": lost.task_id, "fence": lost.fence,
+            "t": time.time()})
+
+
+__all__ = ["LossRecovery", "say_state_loss"]
