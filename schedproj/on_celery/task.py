@@ -3,7 +3,8 @@
 A heavy run checks the lease token its message carries before running, renews the lease while
 it runs, and releases it by token when it ends (completed, failed or yielded), recording the
 outcome and waking beat in the same atomic step. A stale, forged or missing token means the
-run is skipped: recorded, and nothing runs.
+run is skipped: recorded, and nothing runs. The run's context and yield rule live in
+:mod:`.run_context`, the threads that keep its claim alive in :mod:`.keepalive`.
 """
 
 from __future__ import annotations
@@ -12,11 +13,7 @@ import contextlib
 import logging
 import os
 import socket
-import threading
 import time
-from collections.abc import Callable
-from contextvars import ContextVar
-from dataclasses import dataclass, field, replace
 from typing import Any
 
 from billiard.exceptions import WorkerLostError
@@ -28,247 +25,19 @@ from schedproj.core.dueindex import due_at
 from schedproj.core.errors import LeaseLost, StateError
 from schedproj.core.families import FamilyError, LaneFamily, check_key, member_lane
 from schedproj.core.lanes import Lane, LaneKind
-from schedproj.core.picker import Policy
-from schedproj.core.pressure import (
-    PRESSURE,
-    Pressure,
-    PressureRule,
-    PressureYield,
-    encode_yield,
-    yield_reason,
-    yielded,
-)
-from schedproj.core.pressure import decode as decode_pressure
 from schedproj.core.records import LaneState, LeaseView, Outcome, RunRecord
 
 # Imported for its worker_ready hook: a restarted worker frees its dead predecessor's lease.
 from schedproj.on_celery import recovery
+from schedproj.on_celery.keepalive import LeaseRenewer, RunHeartbeat
 from schedproj.on_celery.messages import LEASE_KWARG, Dispatch, pop_dispatch
+from schedproj.on_celery.run_context import RunContext, current, current_run, member
+from schedproj.on_celery.run_records import CONTENDED, swap_run
 from schedproj.on_celery.runtime import Runtime, runtime_for
 from schedproj.store.lease import Holder
 from schedproj.store.protocol import CounterKind, counter_field
 
 logger = logging.getLogger(__name__)
-
-
-
-#: The family member the current call runs (None: a lane of its own).
-_member: ContextVar[str | None] = ContextVar("schedproj_member", default=None)
-
-
-@dataclass
-class RunContext:
-    """What a running lane can ask: should I yield? And what it reports: backlog left."""
-
-    lane: str
-    task_id: str
-    started_at: float
-    hold_cap_s: float | None
-    fence: int = 0
-    backlog: int | None = None
-    lost: threading.Event = field(default_factory=threading.Event)
-    #: Why the run stops early, when not at the hold cap: the lease's loss (``lost``,
-    #: ``max-hold``, …) or ``pressure:<waiting lane>``; it becomes a yielded run's reason.
-    lost_reason: str = ""
-    yield_seen: bool = False
-    #: The lease this run holds (heavy), as it re-asserts it if Redis loses it.
-    lease: LeaseView | None = None
-    #: The fence of the beat lock its message was sent under (journaled for the audit).
-    beat_fence: int = 0
-    #: Pressure-aware yielding (None: off). The :class:`LeaseRenewer` sets the rule, keeps
-    #: ``pressure`` at what beat published as of the last renewal, and records a pressure
-    #: yield through ``on_pressure_yield``.
-    pressure_rule: PressureRule | None = None
-    pressure: Pressure | None = None
-    on_pressure_yield: Callable[[PressureYield], None] | None = None
-    pressure_yield: PressureYield | None = None
-    #: A heavy run's lease TTL and when (``time.monotonic()``) its last renewal that landed
-    #: was sent: ``should_yield`` stops the run once two thirds of a TTL passed since, even
-    #: while the renewer thread is still blocked in a call.
-    lease_ttl_s: float | None = None
-    renewed_at: float | None = None
-
-    def should_yield(self) -> bool:
-        """True once the hold cap is reached, the lease is lost, or a waiting heavy lane
-        presses (:func:`core.pressure.yield_reason` on the pressure of the last renewal):
-        stop at this checkpoint. Once True, it stays True for this run."""
-        if self.yield_seen or self.lost.is_set():
-            self.yield_seen = True
-            return True
-        if (self.lease_ttl_s is not None and self.renewed_at is not None
-                and time.monotonic() - self.renewed_at >= self.lease_ttl_s * 2 / 3):
-            self.lost_reason = self.lost_reason or "lease-unrenewed"
-            self.lost.set()
-            self.yield_seen = True
-            logger.error("lane %s: no lease renewal landed for %.1fs; yielding", self.lane,
-                         time.monotonic() - self.renewed_at)
-            return True
-        now = time.time()
-        reason = yield_reason(held_s=now - self.started_at, hold_cap_s=self.hold_cap_s,
-                              pressure=self.pressure, rule=self.pressure_rule, now=now,
-                              fence=self.fence)
-        if reason is None:
-            return False
-        self.yield_seen = True
-        if reason == PRESSURE and self.pressure is not None:
-            self._yield_to(self.pressure, now)
-        return True
-
-    def _yield_to(self, pressure: Pressure, now: float) -> None:
-        """Name the pressing lane as the yield's reason and record the pressure yield."""
-        self.lost_reason = self.lost_reason or f"{PRESSURE}:{pressure.lane}"
-        self.pressure_yield = yielded(lane=self.lane, task_id=self.task_id, fence=self.fence,
-                                      held_s=now - self.started_at, now=now, pressure=pressure)
-        logger.info("lane %s: yielding to pressure from %s (ratio %.2f) after holding %.1fs",
-                    self.lane, pressure.lane, self.pressure_yield.ratio,
-                    self.pressure_yield.held_s)
-        if self.on_pressure_yield is not None:
-            try:
-                self.on_pressure_yield(self.pressure_yield)
-            except Exception:  # a record we could not write never stops the run's yield
-                logger.warning("lane %s: could not record the pressure yield", self.lane,
-                               exc_info=True)
-
-
-_current: ContextVar[RunContext | None] = ContextVar("schedproj_run", default=None)
-
-
-def current_run() -> RunContext | None:
-    """The context of the lane run executing in this thread, if any."""
-    return _current.get()
-
-
-class LeaseRenewer(threading.Thread):
-    """Renews the heavy lease every third of its TTL; flags the run lost when it cannot. Each
-    renewal's reply carries the pressure beat published, which the run's
-    :meth:`RunContext.should_yield` weighs (pressure-aware yielding, if on)."""
-
-    def __init__(self, rt: Runtime, token: str, ctx: RunContext) -> None:
-        super().__init__(name=f"schedproj-renew-{ctx.lane}", daemon=True)
-        self.rt, self.token, self.ctx = rt, token, ctx
-        self.stopped = threading.Event()
-        self._bad_pressure: str | None = None
-        ctx.on_pressure_yield = self.record_pressure_yield
-
-    def run(self) -> None:
-        s = self.rt.settings
-        self.ctx.lease_ttl_s, self.ctx.renewed_at = s.lease_ttl_s, time.monotonic()
-        lease = getattr(self.rt, "renewal", None) or self.rt.lease
-        last_ok = time.monotonic()
-        while not self.stopped.wait(s.lease_ttl_s / 3):
-            sent = time.monotonic()
-            try:
-                reply = lease.renew(self.token, s.lease_ttl_s, time.time(), s.max_hold_s,
-                                    reassert=self.ctx.lease)
-                ok, reason = reply
-            except Exception:
-                # Redis unreachable: the server counts the TTL from the last renewal that
-                # landed, so give up a third of a TTL before it can expire there - measured
-                # now, after the call, which may have blocked for its socket timeout.
-                ok, reason = False, "redis-unreachable"
-                logger.warning("lane %s: cannot renew the heavy lease", self.ctx.lane,
-                               exc_info=True)
-                if time.monotonic() - last_ok < s.lease_ttl_s * 2 / 3:
-                    continue
-            if ok:
-                last_ok = self.ctx.renewed_at = sent
-                self.learn(reply.pressure)
-                if reason == "reasserted":
-                    logger.warning("lane %s: the heavy lease had vanished (Redis lost state); "
-                                   "re-asserted it (fence %d)", self.ctx.lane, self.ctx.fence)
-                continue
-            self.ctx.lost_reason = reason
-            self.ctx.lost.set()
-            logger.error("lane %s: heavy lease lost (%s); yielding at the next checkpoint",
-                         self.ctx.lane, reason)
-            return
-
-    def learn(self, raw: str | None) -> None:
-        """Hand the run the pressure a renewal returned, and the rule to weigh it by (off
-        under the legacy picker, which models the original system). Garbage is reported once
-        and read as no pressure: it must never stop the run or its renewals."""
-        s = self.rt.settings
-        self.ctx.pressure_rule = s.pressure_rule if s.policy is not Policy.REGISTRY else None
-        try:
-            self.ctx.pressure = decode_pressure(raw, f"{self.rt.keys.pressure} field current")
-        except StateError as exc:
-            self.ctx.pressure = None
-            if raw != self._bad_pressure:
-                self._bad_pressure = raw
-                logger.warning("lane %s: ignoring the published pressure: %s", self.ctx.lane,
-                               exc)
-
-    def record_pressure_yield(self, record: PressureYield) -> None:
-        """``last-yield`` and ``yields`` of the pressure hash, in one round trip."""
-        pipe = self.rt.store.client.pipeline(transaction=True)
-        pipe.hset(self.rt.keys.pressure, "last-yield", encode_yield(record))
-        pipe.hincrby(self.rt.keys.pressure, "yields", 1)
-        pipe.execute()
-
-
-class RunHeartbeat(threading.Thread):
-    """Keeps a light run's in-flight mark alive while it runs, so a worker killed outright
-    frees its lane within the lease TTL instead of the whole light time limit.
-
-    Beat counts the run in flight until one TTL past its mark, then records it lost and may
-    dispatch the lane again; so the run is flagged lost (``should_yield`` turns True: it stops
-    at its next checkpoint) once no refresh has landed for two thirds of a TTL, or at once when
-    the record no longer names it."""
-
-    def __init__(self, rt: Runtime, ctx: RunContext) -> None:
-        super().__init__(name=f"schedproj-heartbeat-{ctx.lane}", daemon=True)
-        self.rt, self.ctx = rt, ctx
-        self.stopped = threading.Event()
-
-    def run(self) -> None:
-        ttl = self.rt.settings.lease_ttl_s
-        last_ok = time.monotonic()
-        while not self.stopped.wait(ttl / 3):
-            try:
-                if self.refresh(ttl):
-                    last_ok = time.monotonic()
-                    continue
-                self._lost("in-flight-mark-lost")
-                return
-            except Exception:
-                logger.warning("lane %s: cannot refresh the in-flight mark", self.ctx.lane,
-                               exc_info=True)
-            # Measured after the failed call, which may have blocked for its socket timeout.
-            if time.monotonic() - last_ok >= ttl * 2 / 3:
-                self._lost("in-flight-mark-unrefreshed")
-                return
-
-    def _lost(self, reason: str) -> None:
-        self.ctx.lost_reason = self.ctx.lost_reason or reason
-        self.ctx.lost.set()
-        logger.error("lane %s: in-flight mark lost (%s); stopping at the next checkpoint",
-                     self.ctx.lane, reason)
-
-    def refresh(self, ttl: float) -> bool:
-        """Push the mark's end one TTL ahead on Redis's clock (compare and set). A mark that
-        vanished, or that Redis lost state under (the record names another run while the
-        epoch says state may be lost), is re-asserted; False once a newer run owns the record
-        or ours was ended. Raises when Redis cannot be reached or the record stays contended."""
-        for _ in range(3):
-            raw, record = self.rt.store.read_run_raw(self.ctx.lane)
-            now = time.time()
-            if record.running_task_id == self.ctx.task_id:
-                new = replace(record, running_until=now + ttl)
-            elif record.last_task_id != self.ctx.task_id and (
-                    record.running_task_id is None or self.rt.store.state_uncertain()):
-                # Our mark vanished, or Redis lost state (a failover to a replica that lags
-                # by a run of this lane names the previous run as running): put it back.
-                # Nothing was dispatched since the loss, so that other mark is stale.
-                new = lifecycle.started(record, task_id=self.ctx.task_id,
-                                        now=self.ctx.started_at, running_until=now + ttl)
-                logger.warning("lane %s: the in-flight mark had vanished (Redis lost state); "
-                               "re-asserted it", self.ctx.lane)
-            else:
-                return False
-            ok, _ = self.rt.store.cas_run(self.ctx.lane, raw, new, mark_ttl_s=ttl)
-            if ok:
-                return True
-        raise RuntimeError("the run record stayed contended")
 
 
 class LaneTask(Task):  # type: ignore[misc]
@@ -284,19 +53,19 @@ class LaneTask(Task):  # type: ignore[misc]
 
     # -- what a lane body calls -------------------------------------------------------------
     def should_yield(self) -> bool:
-        ctx = _current.get()
+        ctx = current.get()
         return ctx.should_yield() if ctx is not None else False
 
     def report_backlog(self, remaining: int) -> None:
         """Say how much work this run left; a lane with backlog stays due."""
-        ctx = _current.get()
+        ctx = current.get()
         if ctx is not None:
             ctx.backlog = max(0, int(remaining))
 
     @property
     def fence(self) -> int:
         """The fencing number of the lease this run holds (0 for light lanes)."""
-        ctx = _current.get()
+        ctx = current.get()
         return ctx.fence if ctx is not None else 0
 
     # -- execution --------------------------------------------------------------------------
@@ -305,8 +74,8 @@ class LaneTask(Task):  # type: ignore[misc]
         """The lane this call runs: the task's lane, or for a family the member named by the
         call's key (its first argument)."""
         assert self.lane is not None
-        member = _member.get()
-        return member if member is not None else (self.lane.name or str(self.name))
+        name = member.get()
+        return name if name is not None else (self.lane.name or str(self.name))
 
     @property
     def family_name(self) -> str | None:
@@ -325,11 +94,11 @@ class LaneTask(Task):  # type: ignore[misc]
         except FamilyError as exc:
             logger.error("%s; nothing ran", exc)
             return {"outcome": Outcome.SKIPPED.value, "reason": "bad-member-key"}
-        reset = _member.set(member_lane(family, str(key)))
+        reset = member.set(member_lane(family, str(key)))
         try:
             return self._call(dispatch, args, kwargs)
         finally:
-            _member.reset(reset)
+            member.reset(reset)
 
     def _call(self, dispatch: Dispatch | None, args: Any, kwargs: Any) -> Any:
         assert self.lane is not None
@@ -349,7 +118,7 @@ class LaneTask(Task):  # type: ignore[misc]
         family = self.family_name
         if family is not None and args:
             with contextlib.suppress(FamilyError):
-                _member.set(member_lane(family, check_key(family, args[0])))
+                member.set(member_lane(family, check_key(family, args[0])))
         try:
             before = rt.store.read_run(self.lane_name)
         except StateError:
@@ -383,7 +152,7 @@ class LaneTask(Task):  # type: ignore[misc]
         ctx.lease = LeaseView(lane=ctx.lane, token=token, fence=ctx.fence, granted_at=now,
                               started_at=now, task_id=task_id, host=self._holder().host,
                               pid=os.getpid(), node=self._holder().node)
-        return self._run(rt, ctx, self._mark_running(rt, ctx, heavy=True), token, args, kwargs)
+        return self._run(rt, ctx, self._mark_running(rt, ctx), token, args, kwargs)
 
     def _run_light(self, rt: Runtime, task_id: str, dispatch: Dispatch | None, args: Any,
                    kwargs: Any) -> Any:
@@ -405,25 +174,22 @@ class LaneTask(Task):  # type: ignore[misc]
         """Mark a light run started, only if its message is the lane's current dispatch from
         the current beat and was not started before (compare and set). Returns (reason refused
         or '', the record before; None if unreadable: then it runs unrecorded)."""
-        for _ in range(5):
-            try:
-                raw, before = rt.store.read_run_raw(ctx.lane)
-            except StateError:
-                logger.exception("lane %s: run record unreadable; running without recording",
-                                 ctx.lane)
-                return "", None
+        def start(before: RunRecord) -> RunRecord | str:
             if ctx.task_id in (before.running_task_id, before.last_task_id):
-                return "already-started", before
-            record = lifecycle.started(before, task_id=ctx.task_id, now=ctx.started_at,
-                                       running_until=ctx.started_at + rt.settings.lease_ttl_s)
-            ok, reason = rt.store.cas_run(ctx.lane, raw, record,
-                                          dispatch=(ctx.task_id, beat_fence),
-                                          mark_ttl_s=rt.settings.lease_ttl_s)
-            if ok:
-                return "", before
-            if reason != "changed":
-                return reason, before
-        return "run-record-contended", None
+                return "already-started"
+            return lifecycle.started(before, task_id=ctx.task_id, now=ctx.started_at,
+                                     running_until=ctx.started_at + rt.settings.lease_ttl_s)
+        try:
+            swap = swap_run(rt.store, ctx.lane, start, tries=5,
+                            dispatch=(ctx.task_id, beat_fence),
+                            mark_ttl_s=rt.settings.lease_ttl_s)
+        except StateError:
+            logger.exception("lane %s: run record unreadable; running without recording",
+                             ctx.lane)
+            return "", None
+        if swap.reason == CONTENDED:
+            return "run-record-contended", None
+        return swap.reason, swap.before
 
     def _holder(self) -> Holder:
         return Holder(host=socket.gethostname(), pid=os.getpid(),
@@ -450,7 +216,7 @@ class LaneTask(Task):  # type: ignore[misc]
             renewer = RunHeartbeat(rt, ctx)
         if renewer is not None:
             renewer.start()
-        reset = _current.set(ctx)
+        reset = current.set(ctx)
         outcome, reason, result = Outcome.COMPLETED, None, None
         try:
             result = self.run(*args, **kwargs)
@@ -463,7 +229,7 @@ class LaneTask(Task):  # type: ignore[misc]
                 ctx.lost.set()
             raise
         finally:
-            _current.reset(reset)
+            current.reset(reset)
             if renewer is not None:
                 renewer.stopped.set()
                 # Let a refresh in progress land before the outcome, never after it.
@@ -492,36 +258,35 @@ class LaneTask(Task):  # type: ignore[misc]
         except Exception:
             logger.warning("lane %s: could not journal %s", ctx.lane, event, exc_info=True)
 
-    def _mark_running(self, rt: Runtime, ctx: RunContext, *, heavy: bool) -> RunRecord | None:
-        """Record that the run started; None if the stored record is unreadable (then it is
-        left untouched, and the outcome is logged instead of recorded)."""
+    def _mark_running(self, rt: Runtime, ctx: RunContext) -> RunRecord | None:
+        """Record that the heavy run started; None if the stored record is unreadable (then it
+        is left untouched, and the outcome is logged instead of recorded)."""
         s = rt.settings
-        # A heavy run is in flight while its lease lives; a light run while its heartbeat
-        # keeps this mark fresh (RunHeartbeat), so a killed worker frees the lane in one TTL.
-        bound = s.lease_ttl_s + s.heavy_time_limit_s if heavy else s.lease_ttl_s
-        # Compare and set, never a blind write: a holder paused between its start and this
-        # write must not overwrite the mark of a newer run (a higher fence) that started since.
-        for _ in range(5):
-            try:
-                raw, before = rt.store.read_run_raw(ctx.lane)
-            except StateError:
-                logger.exception("lane %s: run record unreadable; running without recording",
-                                 ctx.lane)
-                return None
+        # A heavy run is in flight while its lease lives (and its time limit runs).
+        until = ctx.started_at + s.lease_ttl_s + s.heavy_time_limit_s
+
+        def start(before: RunRecord) -> RunRecord | str:
+            # Compare and set, never a blind write: a holder paused between its start and
+            # this write must not overwrite the mark of a newer run (a higher fence) that
+            # started since.
             if before.fence > ctx.fence:
-                ctx.lost_reason = ctx.lost_reason or "fenced-out"
-                ctx.lost.set()
-                logger.error("lane %s: a newer run (fence %d > %d) owns the record; this run "
-                             "lost its lease and stops at its first checkpoint", ctx.lane,
-                             before.fence, ctx.fence)
-                return before
-            ok, _ = rt.store.cas_run(ctx.lane, raw, lifecycle.started(
-                before, task_id=ctx.task_id, now=ctx.started_at,
-                running_until=ctx.started_at + bound, fence=ctx.fence))
-            if ok:
-                return before
-        logger.error("lane %s: run record contended; running without marking it", ctx.lane)
-        return before
+                return "fenced-out"
+            return lifecycle.started(before, task_id=ctx.task_id, now=ctx.started_at,
+                                     running_until=until, fence=ctx.fence)
+        try:
+            swap = swap_run(rt.store, ctx.lane, start, tries=5)
+        except StateError:
+            logger.exception("lane %s: run record unreadable; running without recording",
+                             ctx.lane)
+            return None
+        if swap.reason == "fenced-out":
+            ctx.flag_lost("fenced-out")
+            logger.error("lane %s: a newer run (fence %d > %d) owns the record; this run "
+                         "lost its lease and stops at its first checkpoint", ctx.lane,
+                         swap.before.fence, ctx.fence)
+        elif not swap.written:
+            logger.error("lane %s: run record contended; running without marking it", ctx.lane)
+        return swap.before
 
     def _record(self, rt: Runtime, ctx: RunContext, before: RunRecord | None,
                 outcome: Outcome, reason: str | None, token: str) -> None:
@@ -553,3 +318,6 @@ class LaneTask(Task):  # type: ignore[misc]
         if outcome is Outcome.YIELDED:
             rt.store.count(counter_field(CounterKind.YIELDS, ctx.lane))
         logger.info("lane %s: %s (backlog %s)", ctx.lane, outcome.value, record.backlog)
+
+
+__all__ = ["LaneTask", "LeaseRenewer", "RunContext", "RunHeartbeat", "current_run"]

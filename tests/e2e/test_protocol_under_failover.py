@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import redis
 
+import schedproj.on_celery.keepalive as keepalive_module
 import schedproj.on_celery.task as task_module
 from schedproj.core import lifecycle
 from schedproj.core.lanes import LaneKind, LaneSpec, Profile
@@ -187,8 +188,9 @@ def test_light_lane_never_runs_twice_under_skew_or_a_stalled_heartbeat(
     keys = Keys(key_prefix)
     store = LaneStore(redis_client, keys)
     if mode == "skew":  # the worker's clock is 0.9 TTL behind beat's (and Redis's)
-        monkeypatch.setattr(task_module, "time", SimpleNamespace(
-            time=lambda: time.time() - 0.9 * LIGHT_TTL, monotonic=time.monotonic))
+        for worker_module in (task_module, keepalive_module):
+            monkeypatch.setattr(worker_module, "time", SimpleNamespace(
+                time=lambda: time.time() - 0.9 * LIGHT_TTL, monotonic=time.monotonic))
     spec = LaneSpec(name="L", task_name="t.L", kind=LaneKind.LIGHT, cadence_s=60)
     beat = uuid.uuid4().hex
     fence, sent = _beat_tick(store, beat, spec, time.time())
@@ -593,12 +595,12 @@ def test_paused_holder_never_overwrites_a_newer_runs_mark(redis_client: redis.Re
                                                                heavy_time_limit_s=600.0))
     ctx = RunContext(lane="X", task_id="T-old", started_at=time.time() - 30, hold_cap_s=None,
                      fence=5)  # resumed after a pause: its lease passed to fence 9
-    LaneTask._mark_running(LaneTask(), rt, ctx, heavy=True)
+    LaneTask._mark_running(LaneTask(), rt, ctx)
     after = store.read_run("X")
     assert after.running_task_id == "T-new" and after.fence == 9
     assert ctx.lost.is_set() and ctx.should_yield()
     # Its own (newest) run marks normally.
     ctx2 = RunContext(lane="X", task_id="T-next", started_at=time.time(), hold_cap_s=None,
                       fence=12)
-    LaneTask._mark_running(LaneTask(), rt, ctx2, heavy=True)
+    LaneTask._mark_running(LaneTask(), rt, ctx2)
     assert store.read_run("X").running_task_id == "T-next" and not ctx2.lost.is_set()

@@ -1,0 +1,159 @@
+"""The threads that keep a running lane's claim alive: :class:`LeaseRenewer` renews a heavy
+run's lease, :class:`RunHeartbeat` refreshes a light run's in-flight mark. Either flags the run
+lost (it stops at its next checkpoint) once it can no longer be sure its claim still holds."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import replace
+
+from schedproj.core import lifecycle
+from schedproj.core.errors import StateError
+from schedproj.core.picker import Policy
+from schedproj.core.pressure import PressureYield, encode_yield
+from schedproj.core.pressure import decode as decode_pressure
+from schedproj.core.records import RunRecord
+from schedproj.on_celery.run_context import RunContext
+from schedproj.on_celery.run_records import CONTENDED, swap_run
+from schedproj.on_celery.runtime import Runtime
+
+logger = logging.getLogger("schedproj.on_celery.task")
+
+
+class LeaseRenewer(threading.Thread):
+    """Renews the heavy lease every third of its TTL; flags the run lost when it cannot. Each
+    renewal's reply carries the pressure beat published, which the run's
+    :meth:`RunContext.should_yield` weighs (pressure-aware yielding, if on)."""
+
+    def __init__(self, rt: Runtime, token: str, ctx: RunContext) -> None:
+        super().__init__(name=f"schedproj-renew-{ctx.lane}", daemon=True)
+        self.rt, self.token, self.ctx = rt, token, ctx
+        self.stopped = threading.Event()
+        self._bad_pressure: str | None = None
+        ctx.on_pressure_yield = self.record_pressure_yield
+
+    def run(self) -> None:
+        s = self.rt.settings
+        self.ctx.lease_ttl_s, self.ctx.renewed_at = s.lease_ttl_s, time.monotonic()
+        lease = getattr(self.rt, "renewal", None) or self.rt.lease
+        last_ok = time.monotonic()
+        while not self.stopped.wait(s.lease_ttl_s / 3):
+            sent = time.monotonic()
+            try:
+                reply = lease.renew(self.token, s.lease_ttl_s, time.time(), s.max_hold_s,
+                                    reassert=self.ctx.lease)
+                ok, reason = reply
+            except Exception:
+                # Redis unreachable: the server counts the TTL from the last renewal that
+                # landed, so give up a third of a TTL before it can expire there - measured
+                # now, after the call, which may have blocked for its socket timeout.
+                ok, reason = False, "redis-unreachable"
+                logger.warning("lane %s: cannot renew the heavy lease", self.ctx.lane,
+                               exc_info=True)
+                if time.monotonic() - last_ok < s.lease_ttl_s * 2 / 3:
+                    continue
+            if ok:
+                last_ok = self.ctx.renewed_at = sent
+                self.learn(reply.pressure)
+                if reason == "reasserted":
+                    logger.warning("lane %s: the heavy lease had vanished (Redis lost state); "
+                                   "re-asserted it (fence %d)", self.ctx.lane, self.ctx.fence)
+                continue
+            # The lease's own word on why it is gone outranks any reason noted before.
+            self.ctx.lost_reason = reason
+            self.ctx.lost.set()
+            logger.error("lane %s: heavy lease lost (%s); yielding at the next checkpoint",
+                         self.ctx.lane, reason)
+            return
+
+    def learn(self, raw: str | None) -> None:
+        """Hand the run the pressure a renewal returned, and the rule to weigh it by (off
+        under the legacy picker, which models the original system). Garbage is reported once
+        and read as no pressure: it must never stop the run or its renewals."""
+        s = self.rt.settings
+        self.ctx.pressure_rule = s.pressure_rule if s.policy is not Policy.REGISTRY else None
+        try:
+            self.ctx.pressure = decode_pressure(raw, f"{self.rt.keys.pressure} field current")
+        except StateError as exc:
+            self.ctx.pressure = None
+            if raw != self._bad_pressure:
+                self._bad_pressure = raw
+                logger.warning("lane %s: ignoring the published pressure: %s", self.ctx.lane,
+                               exc)
+
+    def record_pressure_yield(self, record: PressureYield) -> None:
+        """``last-yield`` and ``yields`` of the pressure hash, in one round trip."""
+        pipe = self.rt.store.client.pipeline(transaction=True)
+        pipe.hset(self.rt.keys.pressure, "last-yield", encode_yield(record))
+        pipe.hincrby(self.rt.keys.pressure, "yields", 1)
+        pipe.execute()
+
+
+class RunHeartbeat(threading.Thread):
+    """Keeps a light run's in-flight mark alive while it runs, so a worker killed outright
+    frees its lane within the lease TTL instead of the whole light time limit.
+
+    Beat counts the run in flight until one TTL past its mark, then records it lost and may
+    dispatch the lane again; so the run is flagged lost (``should_yield`` turns True: it stops
+    at its next checkpoint) once no refresh has landed for two thirds of a TTL, or at once when
+    the record no longer names it."""
+
+    def __init__(self, rt: Runtime, ctx: RunContext) -> None:
+        super().__init__(name=f"schedproj-heartbeat-{ctx.lane}", daemon=True)
+        self.rt, self.ctx = rt, ctx
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        ttl = self.rt.settings.lease_ttl_s
+        last_ok = time.monotonic()
+        while not self.stopped.wait(ttl / 3):
+            try:
+                if self.refresh(ttl):
+                    last_ok = time.monotonic()
+                    continue
+                self._lost("in-flight-mark-lost")
+                return
+            except Exception:
+                logger.warning("lane %s: cannot refresh the in-flight mark", self.ctx.lane,
+                               exc_info=True)
+            # Measured after the failed call, which may have blocked for its socket timeout.
+            if time.monotonic() - last_ok >= ttl * 2 / 3:
+                self._lost("in-flight-mark-unrefreshed")
+                return
+
+    def _lost(self, reason: str) -> None:
+        self.ctx.flag_lost(reason)
+        logger.error("lane %s: in-flight mark lost (%s); stopping at the next checkpoint",
+                     self.ctx.lane, reason)
+
+    def refresh(self, ttl: float) -> bool:
+        """Push the mark's end one TTL ahead on Redis's clock (compare and set). A mark that
+        vanished, or that Redis lost state under (the record names another run while the
+        epoch says state may be lost), is re-asserted; False once a newer run owns the record
+        or ours was ended. Raises when Redis cannot be reached or the record stays contended."""
+        swap = swap_run(self.rt.store, self.ctx.lane, lambda record: self._refreshed(record, ttl),
+                        tries=3, mark_ttl_s=ttl)
+        if swap.reason == CONTENDED:
+            raise RuntimeError("the run record stayed contended")
+        return swap.written
+
+    def _refreshed(self, record: RunRecord, ttl: float) -> RunRecord | str:
+        """The record with our mark pushed ahead (or put back); a reason when it is not ours."""
+        now = time.time()
+        if record.running_task_id == self.ctx.task_id:
+            return replace(record, running_until=now + ttl)
+        if record.last_task_id != self.ctx.task_id and (
+                record.running_task_id is None or self.rt.store.state_uncertain()):
+            # Our mark vanished, or Redis lost state (a failover to a replica that lags by a
+            # run of this lane names the previous run as running): put it back. Nothing was
+            # dispatched since the loss, so that other mark is stale.
+            logger.warning("lane %s: the in-flight mark had vanished (Redis lost state); "
+                           "re-asserted it", self.ctx.lane)
+            return lifecycle.started(record, task_id=self.ctx.task_id,
+                                     now=self.ctx.started_at, running_until=now + ttl)
+        return "not-ours"
+
+
+__all__ = ["LeaseRenewer", "RunHeartbeat"]

@@ -1,0 +1,48 @@
+"""A worker's compare-and-set on its lane's run record: read, change, write only if nobody
+wrote in between, retry when somebody did."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from schedproj.core.records import RunRecord
+from schedproj.store.lane_store import LaneStore
+
+#: Why a swap gave up: another write landed between its read and its write on every try.
+CONTENDED = "contended"
+
+
+@dataclass(frozen=True)
+class Swap:
+    """How a :func:`swap_run` ended: ``written``, the record its last try read (``before``),
+    and if not written why (the change's own reason, the store's refusal, or
+    :data:`CONTENDED`)."""
+
+    written: bool
+    before: RunRecord
+    reason: str = ""
+
+
+def swap_run(store: LaneStore, lane: str, change: Callable[[RunRecord], RunRecord | str], *,
+             tries: int, **cas: Any) -> Swap:
+    """Replace ``lane``'s run record with ``change(record)`` by compare and set, at most
+    ``tries`` times while another write lands in between. ``change`` returns the new record,
+    or a reason (a string) to write nothing. ``cas`` goes to :meth:`LaneStore.cas_run`.
+    Raises :class:`StateError` when the stored record is unreadable."""
+    before = RunRecord()
+    for _ in range(tries):
+        raw, before = store.read_run_raw(lane)
+        new = change(before)
+        if isinstance(new, str):
+            return Swap(False, before, new)
+        written, refused = store.cas_run(lane, raw, new, **cas)
+        if written:
+            return Swap(True, before)
+        if refused != "changed":
+            return Swap(False, before, refused)
+    return Swap(False, before, CONTENDED)
+
+
+__all__ = ["CONTENDED", "Swap", "swap_run"]
