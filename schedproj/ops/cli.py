@@ -259,7 +259,7 @@ def status(as_json: bool, watch_s: float | None, family: str | None) -> None:
     from schedproj.store.connection import describe_failure
     from schedproj.telemetry.observe import observe
     from schedproj.telemetry.status import as_json as status_json
-    from schedproj.telemetry.status import render
+    from schedproj.telemetry.status import printable, render
 
     settings, client, keys = _state_handles()
 
@@ -271,7 +271,7 @@ def status(as_json: bool, watch_s: float | None, family: str | None) -> None:
             line, _ = describe_failure(settings.state_redis_url, exc, which)
             raise click.ClickException(f"cannot read {line}") from None
         if family is not None and family not in obs.families:
-            known = ", ".join(sorted(obs.families)) or "none"
+            known = printable(", ".join(sorted(obs.families))) or "none"
             raise click.ClickException(f"no lane family {family!r}. Fix: name one of the "
                                        f"families the last beat declared ({known})")
         return obs, obs.health(starvation_threshold_s=settings.starvation_threshold_s,

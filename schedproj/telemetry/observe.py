@@ -6,7 +6,6 @@ it works from any machine that reaches Redis, without the lanes' code.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -182,7 +181,9 @@ def read_beat_info(raw: dict[str, str], keys: Keys, problems: list[str]) -> dict
     can act as the active beat) and without a start time that is not a time."""
     beat = {k: v for k, v in raw.items() if k != "token"}
     if "token" in raw:
-        beat["lock_id"] = hashlib.sha256(str(raw["token"]).encode()).hexdigest()[:8]
+        # The beat's short id, as its log lines and the dispatch log name it; the rest of the
+        # token stays secret.
+        beat["id"] = str(raw["token"])[:8]
     if "since" in beat and as_number(beat["since"]) is None:
         problems.append(f"Redis key {keys.beat_info!r} field since = {shown(beat.pop('since'))}"
                         " is not a time: reported and left out. Fix: restart beat (it "

@@ -323,9 +323,19 @@ def test_the_beat_lock_token_is_not_published(tools: Tools) -> None:
     for where in ("plain", "json", "/", "/api/status", "/api/timeline"):
         assert "beat-secret" not in said[where], where
     beat = strict_json(said["json"])["beat"]
-    assert beat["lock_held"] and len(beat["lock_id"]) == 8  # a short id, not the token
+    assert beat["lock_held"] and beat["id"] == "beat-sec"  # its id in the logs, not the token
 
 
 def test_the_server_header_names_schedproj_only(tools: Tools) -> None:
     with urllib.request.urlopen(tools.base + "/metrics", timeout=10) as response:
         assert response.headers["Server"] == "schedproj"
+
+
+def test_an_unknown_family_error_lists_the_families_without_terminal_control(
+        tools: Tools) -> None:
+    registry = json.loads(tools.client.get(tools.keys.published_lanes))
+    registry["families"].append({**registry["families"][0], "name": "f" + ESCAPES})
+    tools.client.set(tools.keys.published_lanes, json.dumps(registry))
+    code, text = tools.status("--family", "nope")
+    assert code != 0 and "no lane family 'nope'" in text and FAMILY in text
+    assert "\x1b" not in text and "\x07" not in text, text
