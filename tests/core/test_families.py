@@ -11,6 +11,7 @@ import pytest
 
 from schedproj.core.errors import LaneDeclarationError, SchedprojError
 from schedproj.core.families import (
+    KEY_CHARS,
     KEY_MAX_LEN,
     FamilyError,
     LaneFamily,
@@ -52,6 +53,8 @@ def test_bad_keys_are_refused_naming_the_family_and_the_rule(key: Any, problem: 
         check_key("fam", key)
     assert caught.value.thing == "family 'fam'"
     assert problem in caught.value.problem
+    assert caught.value.fix.startswith("use ")
+    assert str(KEY_MAX_LEN) in caught.value.fix or "letters, digits" in caught.value.fix
     assert str(caught.value).startswith("family 'fam': ") and "Fix: " in str(caught.value)
     assert isinstance(caught.value, SchedprojError)
 
@@ -60,6 +63,15 @@ def test_a_long_key_is_shown_cut_short() -> None:
     with pytest.raises(FamilyError) as caught:
         check_key("fam", "B" * 40 + "C" * 200)
     assert "C" not in caught.value.problem
+    assert caught.value.fix == (f"use at most {KEY_MAX_LEN} characters (a hash of a longer "
+                                "identifier, say)")
+
+
+def test_an_empty_key_or_bad_characters_say_which_characters_to_use() -> None:
+    for key in ("", "a b"):
+        with pytest.raises(FamilyError) as caught:
+            check_key("fam", key)
+        assert KEY_CHARS in caught.value.fix
 
 
 def test_a_valid_family_declaration_passes() -> None:
@@ -67,26 +79,36 @@ def test_a_valid_family_declaration_passes() -> None:
     LaneFamily(cadence_s=60, jitter=0).check("f")
 
 
+JITTER_FIX = "pass jitter=0.2 for ±20 % (or leave it out)"
+
+
 @pytest.mark.parametrize(
-    ("kw", "problem"),
-    [({"jitter": -0.01}, "jitter must be between 0 and 0.5"),
-     ({"jitter": 0.51}, "jitter must be between 0 and 0.5"),
-     ({"jitter": math.nan}, "jitter must be between"), ({"jitter": True}, "jitter must be"),
-     ({"jitter": "0.2"}, "jitter must be"), ({"priority0": True}, "priority0 is set on a family"),
-     ({"members": ["a"]}, "members is not callable"),
-     ({"members_sync_s": 0}, "members_sync_s must be > 0"),
-     ({"members_sync_s": "60"}, "members_sync_s must be > 0")],
+    ("kw", "problem", "fix"),
+    [({"jitter": -0.01}, "jitter must be between 0 and 0.5, got -0.01", JITTER_FIX),
+     ({"jitter": 0.51}, "jitter must be between 0 and 0.5, got 0.51", JITTER_FIX),
+     ({"jitter": math.nan}, "jitter must be between 0 and 0.5, got nan", JITTER_FIX),
+     ({"jitter": True}, "jitter must be between 0 and 0.5, got True", JITTER_FIX),
+     ({"jitter": "0.2"}, "jitter must be between 0 and 0.5, got '0.2'", JITTER_FIX),
+     ({"priority0": True}, "priority0 is set on a family",
+      "priority-0 is for one data-safety lane; declare it as a Lane"),
+     ({"members": ["a"]}, "members is not callable", "pass a function returning the member keys"),
+     ({"members_sync_s": 0}, "members_sync_s must be > 0, got 0", "pass a number of seconds"),
+     ({"members_sync_s": "60"}, "members_sync_s must be > 0, got '60'",
+      "pass a number of seconds")],
 )
-def test_a_bad_family_declaration_is_refused(kw: dict[str, Any], problem: str) -> None:
+def test_a_bad_family_declaration_is_refused_saying_what_and_the_fix(
+        kw: dict[str, Any], problem: str, fix: str) -> None:
     with pytest.raises(FamilyError) as caught:
         LaneFamily(cadence_s=60, **kw).check("f")
-    assert caught.value.thing == "family 'f'"
-    assert problem in caught.value.problem
+    assert (caught.value.thing, caught.value.problem, caught.value.fix) == (
+        "family 'f'", problem, fix)
+    assert str(caught.value) == f"family 'f': {problem}. Fix: {fix}"
 
 
-def test_a_family_is_checked_as_a_lane_too() -> None:
-    with pytest.raises(LaneDeclarationError, match="cadence_s is missing"):
+def test_a_family_is_checked_as_a_lane_too_under_its_own_name() -> None:
+    with pytest.raises(LaneDeclarationError, match="cadence_s is missing") as caught:
         LaneFamily().check("f")
+    assert caught.value.lane == "f"
 
 
 FAMILY = LaneSpec(name="fam", task_name="t.fam", kind=LaneKind.LIGHT, cadence_s=60,
@@ -120,10 +142,11 @@ def test_fold_counts_each_member_once_by_its_state_and_finds_the_worst() -> None
     rows = [row("f[a]", 0.5), row("f[b]", 3.0, due=True),
             row("f[c]", 2.0, due=True, deferral_reason="dependency-backpressure"),
             row("f[d]", 4.0, due=True, in_flight=True, deferral_reason="x"),
-            row("f[e]", 1.0, in_flight=True), row("f[f]", 4.0, due=True)]
+            row("f[e]", 1.0, in_flight=True), row("f[f]", 4.0, due=True),
+            row("f[g]", 0.1, due=True, deferral_reason="heavy-maintenance-lease-held")]
     stats = fold("f", "light", 7, rows)
     assert (stats.family, stats.kind, stats.members) == ("f", "light", 7)
-    assert (stats.due, stats.deferred, stats.running) == (2, 1, 2)
+    assert (stats.due, stats.deferred, stats.running) == (2, 2, 2)
     assert (stats.max_ratio, stats.worst) == (4.0, "f[d]")
 
 

@@ -64,6 +64,12 @@ def test_a_lane_row_carries_every_gauge_of_its_records() -> None:
         deferral_blocker="a", deferred_for_s=30.0)
 
 
+def test_a_heavy_lane_holding_the_lease_is_shown_running() -> None:
+    holder = LeaseView(lane="h", token="t", fence=1, granted_at=NOW - 5, started_at=NOW - 4)
+    rows = health([spec("h"), spec("o")], {}, holder).lanes
+    assert [(r.name, r.in_flight) for r in rows] == [("h", True), ("o", False)]
+
+
 def test_a_lane_without_records_has_an_empty_row() -> None:
     (row,) = health([spec("a")], {}).lanes
     assert (row.kind, row.queue, row.deployment, row.paused, row.last_run_at, row.in_flight,
@@ -121,6 +127,7 @@ def test_the_lease_gauge_counts_from_the_start_else_the_grant() -> None:
     future = health([spec("a")], {}, lease(-5, None)).lease
     assert future is not None and future.held_s == 0.0
     assert health([spec("a")], {}).lease is None
+    assert health([spec("a")], {}).lease_over_cap is False
 
 
 @pytest.mark.parametrize(("granted_ago", "started_ago", "over"), [

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from schedproj.core import records
 from schedproj.core.defaults import STATE_VERSION
 from schedproj.core.deferrals import Deferral
 from schedproj.core.errors import StateError
@@ -113,8 +114,21 @@ def test_a_record_of_the_wrong_shape_names_the_key_and_the_field(
 @pytest.mark.parametrize("value", ["NaN", "Infinity", "1e999"])
 def test_a_non_finite_time_is_refused(value: str) -> None:
     raw = stored().replace("}", f', "last_run_at": {value}}}')
-    with pytest.raises(StateError, match="not valid JSON"):
-        decode(RunRecord, raw, "k")
+    with pytest.raises(StateError, match="not valid JSON") as caught:
+        decode(RunRecord, raw, "p:lanes:a|run")
+    assert caught.value.key == "p:lanes:a|run"
+
+
+def test_the_first_decode_of_each_record_kind_checks_its_fields(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Field types are worked out once per record class and kept: a cold start must check too.
+    monkeypatch.setattr(records, "_FIELD_TYPES", {})
+    assert decode(RunRecord, encode(FULL_RUN), "k") == FULL_RUN
+    with pytest.raises(StateError, match="unknown fields"):
+        decode(SchedRecord, stored(nope=1), "k")
+    with pytest.raises(StateError, match="fence must be a number"):
+        decode(LeaseView, stored(lane="a", token="t", fence="1", granted_at=1.0), "k")
+    assert set(records._FIELD_TYPES) == {RunRecord, SchedRecord, LeaseView}
 
 
 def test_a_finite_float_built_from_a_huge_integer_cannot_slip_in() -> None:
