@@ -291,6 +291,10 @@ def test_settle_keeps_due_lanes_sorted_into_waiting_and_active_and_writes_what_m
     assert writes == {"l": 95.0, "later": 200.0}  # h's score is what the index holds
     assert (mem.waiting, mem.active, mem.due) == ({"h"}, {"l"}, {"h", "l"})
     assert mem.scores == {"h": 0.0, "l": 95.0} and set(mem.states) == {"h", "l"}
+    # It keeps each lane's state as the plan leaves it (not as it was read).
+    planned = {**states, "l": LaneState(sched=SchedRecord(dispatches=1))}
+    mem.settle({"h": 0.0, "l": 95.0}, 100.0, "tok", waiting={"h"}, states=planned)
+    assert mem.states == {"h": WAIT, "l": planned["l"]}
     assert (mem.cursor, mem.lease_token) == (100.0, "tok")
     # Next tick h stops waiting (its lease wait ended) and l starts: they swap sides.
     mem.settle({"h": 0.0, "l": 95.0}, 110.0, None, waiting={"l"}, states=states)
@@ -342,3 +346,11 @@ def test_with_changes_applies_only_the_changed_beat_records() -> None:
     out = with_changes(states, {"a": changed, "ghost": changed})
     assert out == {"a": LaneState(run=RunRecord(last_run_at=5.0), sched=changed),
                    "b": states["b"]}
+
+
+def test_forgetting_a_lane_the_memory_never_held_is_harmless() -> None:
+    mem = memory_with(1000.0, waiting={}, active={"l": LaneState()})
+    mem.forget("never-seen")
+    assert mem.learn({}, {"other": None}, ["unknown"]) == {"other"}
+    settled = mem.settle({"new": 2000.0}, 1000.0, None, waiting=set(), states={})
+    assert settled == {"new": 2000.0} and mem.due == {"l"}

@@ -46,6 +46,7 @@ def test_a_start_marks_the_run_and_raises_the_fence_never_lowers_it() -> None:
     assert (run.last_run_at, run.last_task_id, run.runs) == (T0 - HOUR, "old", 3)
     assert is_running(run) and not is_running(before)
     assert started(before, task_id="light", now=T0, running_until=T0 + 30).fence == 5
+    assert started(RunRecord(), task_id="light", now=T0, running_until=T0 + 30).fence == 0
     assert started(before, task_id="stale", now=T0, running_until=T0 + 30, fence=2).fence == 5
 
 
@@ -182,3 +183,8 @@ def test_a_forgotten_lane_is_estimated_to_have_run_within_one_interval_before_th
                                last_reason=ESTIMATED_AFTER_LOSS)
     # The same lane gets the same estimate on every beat (fixed per name).
     assert rebuilt(None, lane=lane, cadence_s=cadence, lost_at=T0, due_ratio=ratio) == record
+
+
+def test_a_forgotten_lane_without_a_due_ratio_is_estimated_within_one_cadence() -> None:
+    record = rebuilt(None, lane="dream", cadence_s=HOUR, lost_at=T0)
+    assert record.last_run_at == pytest.approx(T0 - fixed_unit("dream") * HOUR)

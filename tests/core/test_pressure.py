@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from schedproj.core.deferrals import Deferral
 from schedproj.core.errors import StateError
-from schedproj.core.lanes import Gate, GateCondition, LaneKind, LaneSpec
+from schedproj.core.lanes import DeferralReason, Gate, GateCondition, LaneKind, LaneSpec
 from schedproj.core.pipeline import decide
 from schedproj.core.pressure import (
     HOLD_CAP,
@@ -165,7 +166,7 @@ def test_a_published_record_with_only_the_old_fields_reads_with_their_defaults()
     (None, None, False),
     (None, press(), True),
     (press(), None, True),
-    (press(), replace(press(), at=500.0), False),
+    (replace(press(), at=100.0), replace(press(), at=500.0), False),
     (press(), press(), False),
     (press(), replace(press(), lane="other"), True),
     (press(), press(last=10.0), True),
@@ -258,6 +259,46 @@ def test_measure_names_a_waiting_lane_that_has_no_record_yet() -> None:
               "old": LaneState(run=RunRecord(last_run_at=0.0))}
     p = measure(decide(lanes, states, HOLDER_LEASE, now), states, HOLDER_LEASE, now)
     assert p is not None and (p.lane, p.last_run_at, p.cadence_s) == ("new", None, 600.0)
+
+
+def test_measure_counts_a_lane_whose_bounded_gate_lets_it_go_once_the_lease_is_free() -> None:
+    """The gate on ``producer`` has deferred ``gated`` for its whole bound: once the lease is
+    free, decide lets ``gated`` go, so it presses now."""
+    bounded = Gate("producer", GateCondition.DUE_OR_RUNNING, max_defer_s=600)
+    lanes = [_spec("holder", 60, 1), _spec("producer", 600, 2),
+             _spec("gated", 60, 3, gates=(bounded,))]
+    now = 10_000.0
+    states = {"holder": LaneState(run=RunRecord(last_run_at=now)),
+              "producer": LaneState(run=RunRecord(last_run_at=now - 700)),
+              "gated": LaneState(run=RunRecord(last_run_at=0.0), sched=SchedRecord(
+                  deferral=Deferral("gated", DeferralReason.LEASE_HELD, "holder", now - 900,
+                                    gate_blocker="producer")))}
+    p = measure(decide(lanes, states, HOLDER_LEASE, now), states, HOLDER_LEASE, now)
+    assert p is not None and p.lane == "gated"
+    freed = {**states, "holder": LaneState(run=RunRecord(last_run_at=now))}
+    assert decide(lanes, freed, None, now).winner == "gated"
+    # 599 s into the bound it is still held back: the producer presses instead.
+    young = {**states, "gated": LaneState(run=RunRecord(last_run_at=0.0), sched=SchedRecord(
+        deferral=Deferral("gated", DeferralReason.DEPENDENCY, "producer", now - 599)))}
+    p = measure(decide(lanes, young, HOLDER_LEASE, now), young, HOLDER_LEASE, now)
+    assert p is not None and p.lane == "producer"
+
+
+def test_measure_publishes_a_new_family_member_as_run_one_interval_before_it_was_added(
+        ) -> None:
+    member = replace(_spec("fam[k]", 600, 2), family="fam", due_ratio=1.2)
+    lanes = [_spec("holder", 60, 1), member]
+    now = 10_000.0
+    states = {"holder": LaneState(run=RunRecord(last_run_at=now)),
+              "fam[k]": LaneState(run=RunRecord(since=now - 100))}
+    p = measure(decide(lanes, states, HOLDER_LEASE, now), states, HOLDER_LEASE, now)
+    assert p is not None and (p.lane, p.last_run_at) == ("fam[k]", now - 100 - 720)
+
+
+def test_a_yield_records_ratios_above_a_billion_as_a_billion() -> None:
+    record = yielded(lane="l", task_id="t", fence=1, held_s=1.0, now=1e9 + 0.5,
+                     pressure=press(last=0.0, cadence=1.0))
+    assert record.ratio == 1e9
 
 
 def test_measure_names_nobody_when_no_heavy_lane_waits() -> None:
