@@ -69,50 +69,58 @@ def run_chaos(duration_s: float = 60.0, heavy_workers: int = 3, fault_every_s: f
     with tempfile.TemporaryDirectory(prefix="schedproj-chaos-") as tmp, \
             contextlib.ExitStack() as cleanup:
         work = Path(tmp)
-        # Plain: one Redis is broker and state. Sentinel: this one is the broker only.
-        broker, audit_redis = RedisServer(work, "state"), RedisServer(work, "audit")
-        # Every server is stopped however the run ends (a fault that fails included).
-        cleanup.callback(broker.kill)
-        cleanup.callback(audit_redis.kill)
-        broker.start()
-        audit_redis.start()
-        sset: SentinelSet | None = None
-        state_url = broker.url
-        if sentinel:
-            (work / "sentinel").mkdir()
-            sset = SentinelSet(work / "sentinel", down_after_ms=SENTINEL_DOWN_AFTER_MS,
-                               failover_timeout_ms=10_000)
-            cleanup.callback(sset.stop)
-            sset.start()
-            state_url = sset.url
-        # A brand-new Redis: nothing ran before, so the first grant needs no quarantine (the
-        # state-loss faults below are what must wait one).
-        LaneStore(connect(state_url), Keys(PREFIX)).declare_fresh()
+        scene = start_servers(work, cleanup, sentinel)
         (work / "locks").mkdir()
-        fleet = Fleet(env={**chaos_env(state_url, audit_redis.url, work / "locks",
-                                       broker_url=broker.url),
-                           FAMILY_MEMBERS_ENV: str(members)}, logdir=work)
-        figures = Figures()
-        scene = Scene(fleet, broker, audit_redis, figures, sset)
+        scene.fleet.env.update({**chaos_env(scene.state_url, scene.audit_redis.url,
+                                            work / "locks", broker_url=scene.state.url),
+                                FAMILY_MEMBERS_ENV: str(members)})
         started = time.time()
         exits: list[str] = []
         try:
-            for _ in range(heavy_workers):
-                fleet.spawn("heavy")
-            fleet.spawn("light")
-            fleet.spawn("beat")
-            fleet.spawn("beat")
+            start_fleet(scene.fleet, heavy_workers)
             drive(scene, duration_s, fault_every_s, say, min_faults or {}, max_duration_s)
-            exits = [c.name for c in fleet.children
-                     if c.role != "beat" and not c.alive() and c.popen.pid not in figures.killed]
+            exits = [c.name for c in scene.fleet.children if c.role != "beat"
+                     and not c.alive() and c.popen.pid not in scene.figures.killed]
         finally:
-            fleet.stop()
+            scene.fleet.stop()
             ended = time.time()
-        report = collect(audit_redis, figures, started, ended, members=members)
+        report = collect(scene.audit_redis, scene.figures, started, ended, members=members)
         if dump_to is not None:
-            dump(audit_redis, figures, dump_to)
-        return {**report, **run_figures(figures, exits, sentinel, min_faults or {}),
+            dump(scene.audit_redis, scene.figures, dump_to)
+        return {**report, **run_figures(scene.figures, exits, sentinel, min_faults or {}),
                 "details": {**report["details"], "worker_exits": exits}}
+
+
+def start_servers(work: Path, cleanup: contextlib.ExitStack, sentinel: bool) -> Scene:
+    """The broker and audit Redis, and the Sentinel set when asked; each stopped by
+    ``cleanup`` however the run ends (a fault that fails included). The fleet is empty."""
+    # Plain: one Redis is broker and state. Sentinel: this one is the broker only.
+    broker, audit_redis = RedisServer(work, "state"), RedisServer(work, "audit")
+    cleanup.callback(broker.kill)
+    cleanup.callback(audit_redis.kill)
+    broker.start()
+    audit_redis.start()
+    sset: SentinelSet | None = None
+    if sentinel:
+        (work / "sentinel").mkdir()
+        sset = SentinelSet(work / "sentinel", down_after_ms=SENTINEL_DOWN_AFTER_MS,
+                           failover_timeout_ms=10_000)
+        cleanup.callback(sset.stop)
+        sset.start()
+    scene = Scene(Fleet(env={}, logdir=work), broker, audit_redis, Figures(), sset)
+    # A brand-new Redis: nothing ran before, so the first grant needs no quarantine (the
+    # state-loss faults are what must wait one).
+    LaneStore(connect(scene.state_url), Keys(PREFIX)).declare_fresh()
+    return scene
+
+
+def start_fleet(fleet: Fleet, heavy_workers: int) -> None:
+    """Heavy workers, one light worker, and two beats (one active, one standing by)."""
+    for _ in range(heavy_workers):
+        fleet.spawn("heavy")
+    fleet.spawn("light")
+    fleet.spawn("beat")
+    fleet.spawn("beat")
 
 
 def drive(sc: Scene, duration_s: float, fault_every_s: float, say: TextIO,

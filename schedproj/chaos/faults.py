@@ -131,6 +131,11 @@ class Scene:
     figures: Figures
     sentinel: SentinelSet | None = None
 
+    @property
+    def state_url(self) -> str:
+        """Where beat and workers find the state: the Sentinel set, or the plain Redis."""
+        return self.state.url if self.sentinel is None else self.sentinel.url
+
     def state_client(self) -> redis.Redis:
         """A plain client of the server holding the state now (no retries, short timeout)."""
         if self.sentinel is None:

@@ -40,39 +40,25 @@ def run_figures(figures: Figures, exits: list[str], sentinel: bool,
 def collect(audit_redis: RedisServer, figures: Figures, started: float,
             ended: float, members: int = 0) -> dict[str, Any]:
     client = redis.Redis.from_url(audit_redis.url, decode_responses=True)
-    keys = Keys(PREFIX)
     entries = journal(audit_redis)
-    dispatches = [json.loads(x) for x in client.lrange(keys.dispatch_log, 0, -1)]
-    # A lane must start again within its cadence plus a slack (a lapsed start deadline, lease
-    # TTLs, a beat lock, and the queue behind the other heavy lanes: after a state loss all of
-    # them are due at once), not counting the time a fault and its recovery took (faults come
-    # every few seconds, and a lane may wait through several; see audit()).
-    slack = START_DEADLINE_S + LEASE_TTL_S + BEAT_LOCK_TTL_S + LEASE_TTL_S + 8.0
-    bounds = {lane: cadence + slack for lane, cadence in CADENCES.items()}
-    # A member falls due at up to (1 + jitter) cadences.
-    bounds.update(dict.fromkeys((f"{FAMILY}[{k}]" for k in family_members(members)),
-                                FAMILY_CADENCE_S * (1 + FAMILY_JITTER) + slack))
+    dispatches = [json.loads(x) for x in client.lrange(Keys(PREFIX).dispatch_log, 0, -1)]
     ledger = FencedLedger(client, PREFIX)
     disruptions = [(began, ended + RECOVERY_AFTER_S.get(kind, 0.0))
                    for began, kind, ended in figures.log]
-    report = audit(entries, dispatches, due_bounds_s=bounds, window=(started + 15, ended - 2),
-                   ledger=ledger.entries(), disruptions=disruptions)
-
-    def med_max(xs: list[float]) -> dict[str, float | None]:
-        return {"median": round(statistics.median(xs), 3) if xs else None,
-                "max": round(max(xs), 3) if xs else None}
-
+    report = audit(entries, dispatches, due_bounds_s=due_bounds(members),
+                   window=(started + 15, ended - 2), ledger=ledger.entries(),
+                   disruptions=disruptions)
     os_overlaps = [json.loads(x) for x in client.lrange(overlaps_key(PREFIX), 0, -1)]
     paused = set(figures.paused_fences)
     after_pause = [o for o in os_overlaps if (o.get("holder") or {}).get("fence") in paused]
+    member_starts = [e for e in entries if e["ev"] == "start"
+                     and str(e.get("lane", "")).startswith(f"{FAMILY}[")]
     return {
         "duration_s": round(ended - started, 1),
         **report.summary(),
         "family_members": members,
-        "member_runs": sum(1 for e in entries if e["ev"] == "start"
-                           and str(e.get("lane", "")).startswith(f"{FAMILY}[")),
-        "members_that_ran": len({e["lane"] for e in entries if e["ev"] == "start"
-                                 and str(e.get("lane", "")).startswith(f"{FAMILY}[")}),
+        "member_runs": len(member_starts),
+        "members_that_ran": len({e["lane"] for e in member_starts}),
         "os_overlaps": len(os_overlaps) - len(after_pause),
         "os_overlaps_with_a_paused_holder": len(after_pause),
         "longest_wait_after_state_loss_s": longest_wait(entries, figures.losses),
@@ -96,6 +82,24 @@ def collect(audit_redis: RedisServer, figures: Figures, started: float,
             "os_overlaps": [o for o in os_overlaps if o not in after_pause],
         },
     }
+
+
+def due_bounds(members: int) -> dict[str, float]:
+    """How soon each lane must start again: its cadence plus a slack (a lapsed start deadline,
+    lease TTLs, a beat lock, and the queue behind the other heavy lanes: after a state loss
+    all of them are due at once), not counting the time a fault and its recovery took (faults
+    come every few seconds, and a lane may wait through several; see audit())."""
+    slack = START_DEADLINE_S + LEASE_TTL_S + BEAT_LOCK_TTL_S + LEASE_TTL_S + 8.0
+    bounds = {lane: cadence + slack for lane, cadence in CADENCES.items()}
+    # A member falls due at up to (1 + jitter) cadences.
+    bounds.update(dict.fromkeys((f"{FAMILY}[{k}]" for k in family_members(members)),
+                                FAMILY_CADENCE_S * (1 + FAMILY_JITTER) + slack))
+    return bounds
+
+
+def med_max(xs: list[float]) -> dict[str, float | None]:
+    return {"median": round(statistics.median(xs), 3) if xs else None,
+            "max": round(max(xs), 3) if xs else None}
 
 
 def dump(audit_redis: RedisServer, figures: Figures, path: Path) -> None:
