@@ -74,14 +74,23 @@ def test_gates_that_are_not_a_sequence_are_refused() -> None:
         Lane(cadence_s=60, gates="a")  # type: ignore[arg-type]
 
 
+CADENCE_FIX = "pass cadence_s=<seconds>, e.g. cadence_s=600 for ten minutes"
+POSITIVE_FIX = "pass cadence_s=<seconds> greater than 0"
+
+
 @pytest.mark.parametrize(
-    ("cadence", "problem"),
-    [(None, "cadence_s is missing"), ("60", "must be a number of seconds"),
-     (True, "must be a number of seconds"), (0, "positive finite"), (-1.0, "positive finite"),
-     (math.inf, "positive finite"), (math.nan, "positive finite")],
+    ("cadence", "problem", "fix"),
+    [(None, "cadence_s is missing", CADENCE_FIX),
+     ("60", "cadence_s must be a number of seconds, got '60'", CADENCE_FIX),
+     (True, "cadence_s must be a number of seconds, got True", CADENCE_FIX),
+     (0, "cadence_s must be a positive finite number, got 0", POSITIVE_FIX),
+     (-1.0, "cadence_s must be a positive finite number, got -1.0", POSITIVE_FIX),
+     (math.inf, "cadence_s must be a positive finite number, got inf", POSITIVE_FIX),
+     (math.nan, "cadence_s must be a positive finite number, got nan", POSITIVE_FIX)],
 )
-def test_a_bad_cadence_is_refused(cadence: Any, problem: str) -> None:
-    assert problem in refused(Lane(cadence_s=cadence)).problem
+def test_a_bad_cadence_is_refused(cadence: Any, problem: str, fix: str) -> None:
+    error = refused(Lane(cadence_s=cadence))
+    assert (error.problem, error.fix) == (problem, fix)
 
 
 @pytest.mark.parametrize("cadence", [1, 0.001, 86400.0])
@@ -106,15 +115,20 @@ def test_retry_settings_that_fit_are_accepted(after: float, window: float) -> No
 
 
 @pytest.mark.parametrize(
-    ("kw", "problem"),
-    [({"priority0": 1}, "priority0 must be True or False"),
-     ({"backlog_driven": "yes"}, "backlog_driven must be True or False"),
-     ({"priority0": True, "kind": LaneKind.LIGHT}, "priority0 is set on a light lane"),
-     ({"order": 1.5}, "order must be an integer"), ({"order": True}, "order must be an integer"),
-     ({"due_check": 3}, "due_check is not callable")],
+    ("kw", "problem", "fix"),
+    [({"priority0": 1}, "priority0 must be True or False, got 1",
+      "pass priority0=True or leave it out"),
+     ({"backlog_driven": "yes"}, "backlog_driven must be True or False, got 'yes'",
+      "pass backlog_driven=True or leave it out"),
+     ({"priority0": True, "kind": LaneKind.LIGHT}, "priority0 is set on a light lane",
+      "priority-0 only ranks heavy lanes; drop priority0 or make the lane heavy"),
+     ({"order": 1.5}, "order must be an integer, got 1.5", "pass order=<int>"),
+     ({"order": True}, "order must be an integer, got True", "pass order=<int>"),
+     ({"due_check": 3}, "due_check is not callable", "pass a function returning the backlog")],
 )
-def test_bad_options_are_refused(kw: dict[str, Any], problem: str) -> None:
-    assert problem in refused(Lane(cadence_s=60, **kw)).problem
+def test_bad_options_are_refused(kw: dict[str, Any], problem: str, fix: str) -> None:
+    error = refused(Lane(cadence_s=60, **kw))
+    assert (error.problem, error.fix) == (problem, fix)
 
 
 def test_good_options_are_accepted() -> None:
@@ -122,13 +136,19 @@ def test_good_options_are_accepted() -> None:
          due_check=lambda: 0).check("ok")
 
 
+BOUND_FIX = "pass a positive number of seconds or None"
+
+
 @pytest.mark.parametrize(
-    ("gate", "problem"),
-    [("other", "is not a schedproj.Gate"), (Gate("my.lane"), "names the lane itself"),
-     (Gate("a", max_defer_s=0), "max_defer_s=0"), (Gate("a", max_defer_s=-1), "max_defer_s=-1")],
+    ("gate", "problem", "fix"),
+    [("other", "gate 'other' is not a schedproj.Gate", "use Gate(blocker=...)"),
+     (Gate("my.lane"), "a gate names the lane itself", "remove the self-referencing gate"),
+     (Gate("a", max_defer_s=0), "gate on 'a' has max_defer_s=0", BOUND_FIX),
+     (Gate("a", max_defer_s=-1), "gate on 'a' has max_defer_s=-1", BOUND_FIX)],
 )
-def test_bad_gates_are_refused(gate: Any, problem: str) -> None:
-    assert problem in refused(Lane(cadence_s=60, gates=(gate,))).problem
+def test_bad_gates_are_refused(gate: Any, problem: str, fix: str) -> None:
+    error = refused(Lane(cadence_s=60, gates=(Gate("ok"), gate)))
+    assert (error.problem, error.fix) == (problem, fix)
 
 
 def test_a_gate_with_a_positive_bound_is_accepted() -> None:

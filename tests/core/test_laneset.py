@@ -138,7 +138,9 @@ def test_a_chain_of_gates_without_a_cycle_is_accepted() -> None:
 
 def family_set() -> LaneSet:
     return build_lane_set({
-        "t.fam": task(LaneFamily(cadence_s=60, kind=LIGHT, jitter=0.2)),
+        "t.fam": task(LaneFamily(cadence_s=60, kind=LIGHT, jitter=0.2,
+                                 gates=(Gate("t.free", max_defer_s=9),))),
+        "t.free": task(Lane(cadence_s=60, kind=LIGHT)),
         "t.nojit": task(LaneFamily(cadence_s=60, kind=LIGHT)),
         "t.c": task(Lane(cadence_s=60, kind=LIGHT, gates=(Gate("t.fam"), Gate("t.nojit[k]")))),
     })
@@ -146,7 +148,7 @@ def family_set() -> LaneSet:
 
 def test_families_are_not_lanes_but_resolve_their_members() -> None:
     lanes = family_set()
-    assert lanes.names == ("t.c",)
+    assert lanes.names == ("t.c", "t.free")
     assert set(lanes.families) == {"t.fam", "t.nojit"}
     assert lanes.families["t.fam"].family == "t.fam"
     member = lanes.spec("t.fam[acme]")
@@ -162,8 +164,16 @@ def test_names_that_are_no_member_of_a_family_are_unknown(name: str) -> None:
     lanes = family_set()
     assert lanes.member_spec(name) is None
     assert not lanes.knows(name)
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError) as caught:
         lanes.spec(name)
+    assert caught.value.args == (name,)
+
+
+def test_options_of_an_unknown_lane_are_a_key_error() -> None:
+    lanes = family_set()
+    for name in ("nope", "t.zz[k]"):
+        with pytest.raises(KeyError):
+            lanes.option(name)
 
 
 def test_a_gate_on_a_member_of_an_unknown_family_is_refused() -> None:
@@ -195,7 +205,11 @@ def test_the_published_registry_round_trips() -> None:
     assert (carried["hold_cap_s"], carried["starvation_threshold_s"]) == (900.0, 7200.0)
     assert [(f["name"], f["jitter"]) for f in carried["families"]] == [
         ("t.fam", 0.2), ("t.nojit", 0.0)]
-    assert carried["families"][0]["gates"] == []
+    assert carried["families"][0]["gates"] == [
+        {"blocker": "t.free", "when": "due-and-behind", "reason": "dependency-backpressure",
+         "max_defer_s": 9.0, "in_legacy": False}]
+    assert carried["families"][1]["gates"] == []
+    assert "lanes" not in carried
 
 
 @pytest.mark.parametrize("raw", [
@@ -210,3 +224,5 @@ def test_an_unreadable_registry_is_a_state_error_naming_the_key(raw: str) -> Non
     with pytest.raises(StateError) as caught:
         specs_from_registry(raw, "k:lanes")
     assert caught.value.key == "k:lanes"
+    assert caught.value.problem.startswith(("unreadable lane registry (", "not valid JSON",
+                                            "format version"))
