@@ -112,9 +112,15 @@ def test_an_idle_family_blocks_nothing_and_is_named_for_the_family() -> None:
     assert not blocks(Gate("fam", BUSY), fam)
 
 
-def test_a_never_run_member_makes_its_family_behind_but_the_family_has_run() -> None:
-    fam = family_views(members(IDLE, NEVER_RUN))["fam"]
+@pytest.mark.parametrize("order", list(permutations([IDLE, NEVER_RUN])))
+def test_a_never_run_member_makes_its_family_behind_but_the_family_has_run(
+        order: tuple[Kind, ...]) -> None:
+    fam = family_views(members(*order))["fam"]
     assert fam.due and fam.behind and not fam.never_run
+    # A member added but never run, not due yet, leaves the family idle.
+    added = family_views(members({"never_run": True}, IDLE))["fam"]
+    assert (added.due, added.behind, added.in_flight, added.never_run) == (
+        False, False, False, False)
 
 
 def test_only_the_named_families_and_only_family_members_get_a_view() -> None:
