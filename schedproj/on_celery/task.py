@@ -94,11 +94,21 @@ class LaneTask(Task):  # type: ignore[misc]
         except FamilyError as exc:
             logger.error("%s; nothing ran", exc)
             return {"outcome": Outcome.SKIPPED.value, "reason": "bad-member-key"}
+        if not self._is_member(family, str(key)):
+            # Recording the refusal would create the very lane it refuses (a run record and
+            # a counter that status would count as a due member): nothing is written.
+            logger.error("lane family %s: %r is not a member; nothing ran, nothing recorded",
+                         family, key)
+            return {"outcome": Outcome.SKIPPED.value, "reason": "not-a-member"}
         reset = member.set(member_lane(family, str(key)))
         try:
             return self._call(dispatch, args, kwargs)
         finally:
             member.reset(reset)
+
+    def _is_member(self, family: str, key: str) -> bool:
+        rt = runtime_for(self.app)
+        return bool(rt.store.client.sismember(rt.keys.family(family), key))
 
     def _call(self, dispatch: Dispatch | None, args: Any, kwargs: Any) -> Any:
         assert self.lane is not None
@@ -143,7 +153,8 @@ class LaneTask(Task):  # type: ignore[misc]
             return self._skip(rt, task_id, "missing-beat-fence")
         now = time.time()
         ok, value = rt.lease.start(token, rt.settings.lease_ttl_s, now,
-                                   beat_fence=dispatch.beat_fence, holder=self._holder())
+                                   beat_fence=dispatch.beat_fence, holder=self._holder(),
+                                   lane=self.lane_name, task_id=task_id)
         if not ok:
             return self._skip(rt, task_id, f"stale-lease:{value}")
         ctx = RunContext(lane=self.lane_name, task_id=task_id, started_at=now,
@@ -164,7 +175,14 @@ class LaneTask(Task):  # type: ignore[misc]
             return self._skip(rt, task_id, "kind-mismatch")
         ctx = RunContext(lane=self.lane_name, task_id=task_id, started_at=time.time(),
                          hold_cap_s=None, beat_fence=dispatch.beat_fence)
-        refused, before = self._start_light(rt, ctx, dispatch.beat_fence)
+        try:
+            refused, before = self._start_light(rt, ctx, dispatch.beat_fence)
+        except StateError as exc:
+            # Without a readable record there is no dispatch to check the message against:
+            # run nothing, and write nothing over the record (it is reported as it is).
+            _say_unreadable_once(ctx.lane, exc)
+            return {"outcome": Outcome.SKIPPED.value, "reason": "run-record-unreadable"}
+        _unreadable_said.discard(ctx.lane)
         if refused:
             return self._skip(rt, task_id, refused)
         return self._run(rt, ctx, before, "", args, kwargs)
@@ -173,20 +191,14 @@ class LaneTask(Task):  # type: ignore[misc]
                      beat_fence: int) -> tuple[str, RunRecord | None]:
         """Mark a light run started, only if its message is the lane's current dispatch from
         the current beat and was not started before (compare and set). Returns (reason refused
-        or '', the record before; None if unreadable: then it runs unrecorded)."""
+        or '', the record before); raises :class:`StateError` when the record is unreadable."""
         def start(before: RunRecord) -> RunRecord | str:
             if ctx.task_id in (before.running_task_id, before.last_task_id):
                 return "already-started"
             return lifecycle.started(before, task_id=ctx.task_id, now=ctx.started_at,
                                      running_until=ctx.started_at + rt.settings.lease_ttl_s)
-        try:
-            swap = swap_run(rt.store, ctx.lane, start, tries=5,
-                            dispatch=(ctx.task_id, beat_fence),
-                            mark_ttl_s=rt.settings.lease_ttl_s)
-        except StateError:
-            logger.exception("lane %s: run record unreadable; running without recording",
-                             ctx.lane)
-            return "", None
+        swap = swap_run(rt.store, ctx.lane, start, tries=5, dispatch=(ctx.task_id, beat_fence),
+                        mark_ttl_s=rt.settings.lease_ttl_s)
         if swap.reason == CONTENDED:
             return "run-record-contended", None
         return swap.reason, swap.before
@@ -318,6 +330,20 @@ class LaneTask(Task):  # type: ignore[misc]
         if outcome is Outcome.YIELDED:
             rt.store.count(counter_field(CounterKind.YIELDS, ctx.lane))
         logger.info("lane %s: %s (backlog %s)", ctx.lane, outcome.value, record.backlog)
+
+
+#: Light lanes whose unreadable run record this process has reported (once per onset: each
+#: refused message would otherwise log it again).
+_unreadable_said: set[str] = set()
+
+
+def _say_unreadable_once(lane: str, exc: StateError) -> None:
+    if lane in _unreadable_said:
+        logger.debug("lane %s: run record still unreadable; nothing ran", lane)
+        return
+    _unreadable_said.add(lane)
+    logger.error("lane %s: run record unreadable (%s); its messages run nothing until it is "
+                 "fixed, and nothing is recorded over it", lane, exc)
 
 
 __all__ = ["LaneTask", "LeaseRenewer", "RunContext", "RunHeartbeat", "current_run"]

@@ -103,18 +103,21 @@ class HeavyLease:
         return Grant(granted=False, holder=str(value))
 
     def start(self, token: str, ttl_s: float, now: float, *, beat_fence: int | None = None,
-              holder: Holder = NO_HOLDER) -> tuple[bool, int | str]:
+              holder: Holder = NO_HOLDER, lane: str = "",
+              task_id: str = "") -> tuple[bool, int | str]:
         """Mark the run started under ``token``: (True, fence) or (False, reason). Refused
         (reason ``stale-beat``, and the lease freed) when ``beat_fence`` is not the current
         beat's: the message comes from a beat that has lost its lock. Workers always pass
         the fence their message carries; None (no check) is for tests and operator tools.
         Also refused, the lease left alone, while Redis may have lost state (``epoch-unknown``,
         ``server-changed``, ``quarantine``) and for a grant from before a loss
-        (``stale-epoch``): see ``lua/lease_start.lua``."""
+        (``stale-epoch``): see ``lua/lease_start.lua``. With ``lane`` and ``task_id`` (workers
+        pass their message's) a grant made for another lane (``wrong-lane``) or another
+        message of its lane (``wrong-task``) is refused and left to its own message."""
         code, value = self._start(
             keys=[self.keys.lease, self.keys.beat_fence, self.keys.epoch],
             args=[token, _ms(ttl_s), repr(now), "" if beat_fence is None else str(beat_fence),
-                  holder.host, holder.pid, holder.node])
+                  holder.host, holder.pid, holder.node, lane, task_id])
         return (True, int(value)) if int(code) == 1 else (False, str(value))
 
     def renew(self, token: str, ttl_s: float, now: float, max_hold_s: float, *,
