@@ -19,6 +19,12 @@ from schedproj.core.lanes import LaneSpec
 from schedproj.core.records import LaneState, LeaseView, SchedRecord
 from schedproj.core.views import is_in_flight
 
+#: How often the active beat rebuilds the due index and the changed set from the lane records
+#: even when their stamps agree (seconds): bounds how long any damage the stamps cannot see
+#: (a score moved by hand, a mark lost from a set restored in the same generation) lasts.
+#: A deleted, emptied, wrong-typed or restored key is seen and healed at the next tick.
+DERIVED_RECONCILE_S = 300.0
+
 
 def next_look(spec: LaneSpec, state: LaneState, now: float, *, paused: bool = False,
               forced: bool = False, grace_s: float = 0.0) -> float:
@@ -136,4 +142,5 @@ def with_changes(states: Mapping[str, LaneState],
 
 #: ``NEVER`` and ``due_at`` (the due-time rule, ``core.due``) are named here too: the worker
 #: files a finished run's due time through the due index.
-__all__ = ["NEVER", "TickMemory", "due_at", "next_look", "waits_for_lease", "with_changes"]
+__all__ = ["DERIVED_RECONCILE_S", "NEVER", "TickMemory", "due_at", "next_look",
+           "waits_for_lease", "with_changes"]

@@ -27,7 +27,7 @@ from celery.beat import ScheduleEntry, Scheduler
 from celery.schedules import schedule as every
 
 from schedproj.core import defaults
-from schedproj.core.dueindex import TickMemory
+from schedproj.core.dueindex import DERIVED_RECONCILE_S, TickMemory
 from schedproj.core.errors import BeatLockLost
 from schedproj.core.lanes import queue_for
 from schedproj.core.laneset import LaneSet, registry_json
@@ -36,6 +36,7 @@ from schedproj.on_celery.config import no_lanes_message, validate_or_exit, wait_
 from schedproj.on_celery.dispatch import Dispatcher, LaneEntry, PressurePublisher
 from schedproj.on_celery.due_checks import DueChecks, ErrorReporter
 from schedproj.on_celery.family_sync import FamilySync
+from schedproj.on_celery.key_health import KeyHealth
 from schedproj.on_celery.loss_recovery import LossRecovery, say_state_loss
 from schedproj.on_celery.runtime import Runtime, settings_for
 from schedproj.on_celery.tick_lanes import TickLanes
@@ -65,6 +66,7 @@ class BeatEngine:
     families: FamilySync
     dispatcher: Dispatcher
     pressure: PressurePublisher
+    health: KeyHealth
 
     @classmethod
     def build(cls, rt: Runtime, lanes: LaneSet, scheduler: FairScheduler) -> BeatEngine:
@@ -79,7 +81,8 @@ class BeatEngine:
             dispatcher=Dispatcher(rt, scheduler.token, memory, tick_lanes, scheduler.data,
                                   scheduler.send_entry,
                                   **scheduler.dispatch_seams(rt.settings)),
-            pressure=PressurePublisher(rt, tick_lanes))
+            pressure=PressurePublisher(rt, tick_lanes),
+            health=KeyHealth(rt.store, rt.keys))
 
 
 def stall_before_send(seconds: float) -> Callable[[Plan], None]:
@@ -100,6 +103,10 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
     lock_key = None
     #: The reason this beat last said it stands by (said once per reason).
     _standby_said: str = ""
+    #: The last Redis refusal logged (said once per onset, not every tick).
+    _refusal_said: str = ""
+    #: When this beat last rebuilt the derived keys (due index, changed set).
+    _reconciled_at: float = 0.0
     #: Made in ``setup_schedule`` (absent only on a lazy scheduler, which never ticks).
     engine: BeatEngine
     settings: Settings
@@ -182,12 +189,15 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
             self._go_standby(f"Redis unreachable ({exc})")
             return REDIS_RETRY_S
         except redis.ResponseError as exc:
-            # A key of the wrong type or garbage where a number belongs: say so every tick
-            # and keep running (no crash loop); the operator fixes or deletes the key.
-            logger.error("scheduling error: Redis refused a command (%s); a schedproj key "
-                         "under prefix %r holds a value of the wrong type — inspect it with "
-                         "`schedproj status` and delete the bad key", exc,
-                         self.settings.key_prefix)
+            # A write refused (a key of the wrong type or garbage where a number belongs; the
+            # reads name the key themselves): say so once per onset and keep running (no crash
+            # loop); the operator fixes or deletes the key.
+            if str(exc) != self._refusal_said:
+                logger.error("scheduling error: Redis refused a command (%s); a schedproj key "
+                             "under prefix %r holds a value of the wrong type — inspect it "
+                             "with `schedproj status` and delete the bad key", exc,
+                             self.settings.key_prefix)
+            self._refusal_said = str(exc)
             return REDIS_RETRY_S
 
     def apply_async(self, entry: ScheduleEntry, producer: Any = None, advance: bool = False,
@@ -227,6 +237,8 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         snap = self._read(now)
         if snap is None:
             return min(STANDBY_POLL_S, s.beat_max_loop_interval_s)
+        snap = self._heal(snap, now)
+        self._refusal_said = ""
         probes, unreadable = e.checks.probe(snap.errors, e.lanes.lanes.knows)
         # Re-read every tick until readable: an operator who deletes or fixes the bad value
         # with redis-cli marks nothing changed.
@@ -265,6 +277,12 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         first); None when this beat stands by."""
         snap = self._snapshot(now, cursor=self.memory.cursor)
         say_state_loss(snap)
+        if snap.lock.event == "bad-fence":
+            self.memory.reset()
+            self.engine.health.report(snap.broken)
+            self._go_standby(f"the beat fence {self.rt.keys.beat_fence} is not a sane integer "
+                             "(see the error above)")
+            return None
         if not snap.lock.held:
             self.memory.reset()
             self._go_standby(f"beat lock held by another beat ({str(snap.lock.holder)[:8]})")
@@ -298,10 +316,29 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
             snap.lock.event != "renewed" and snap.epoch.quarantine_left_s > 0))
         remembered = {lane: st.run for lane, st in e.memory.states.items()}
         e.memory.reset()
-        e.rt.store.ensure_indexed(e.lanes.lanes.names)
+        # Index the declared lanes and stamp the derived keys (a new deployment, lanes declared
+        # since, an index lost or damaged while no beat ran); scores already there are kept.
+        e.rt.store.heal_derived(self.token, e.lanes.lanes.names, rescore=False)
+        self._reconciled_at = now
         if lost:
             e.recovery.put_back(remembered, now)
         return self._snapshot(now, cursor=None)
+
+    def _heal(self, snap: Snapshot, now: float) -> Snapshot:
+        """Rebuild the derived keys when this tick found one broken, or at least every
+        ``DERIVED_RECONCILE_S``, and read every lane afresh; report broken operator keys."""
+        e = self.engine
+        derived = e.health.derived(snap.broken)
+        if derived or now - self._reconciled_at >= DERIVED_RECONCILE_S:
+            e.health.healed(snap.broken)
+            e.memory.reset()
+            e.rt.store.heal_derived(self.token, e.lanes.lanes.names, rescore=True)
+            self._reconciled_at = now
+            healed = self._snapshot(now, cursor=None)
+            e.health.report({**healed.broken, **{k: snap.broken[k] for k in derived}})
+            return healed
+        e.health.report(snap.broken)
+        return snap
 
     def _activate(self, snap: Snapshot, now: float) -> None:
         self.active = True

@@ -16,11 +16,13 @@ import redis
 
 from schedproj.core import defaults
 from schedproj.core.errors import StateError
+from schedproj.core.families import member_lane
 from schedproj.core.records import LaneState, LeaseView, RunRecord, SchedRecord, decode, encode
 from schedproj.store import scripts
 from schedproj.store.lease import parse_lease
 from schedproj.store.protocol import (
     EPOCH_VERSION,
+    STAMP_MEMBER,
     STATE_VERSION,
     WAKE_LIST_MAX,
     CounterKind,
@@ -41,7 +43,7 @@ UNREADABLE_LEASE = LeaseView(lane="?", token="", fence=0, granted_at=0.0)
 class LockStatus:
     held: bool
     fence: int = 0
-    event: str = ""  # acquired | renewed | held
+    event: str = ""  # acquired | renewed | held | replaced-garbage | bad-fence
     holder: str | None = None
 
 
@@ -85,6 +87,9 @@ class Snapshot:
     changed: frozenset[str] = frozenset()
     scores: Mapping[str, float | None] = field(default_factory=dict)
     next_look: float | None = None
+    #: Keys the read found broken: key -> ``stale`` (a derived key whose stamp disagrees:
+    #: deleted, emptied or restored from an older copy) or ``wrong-type`` (read as empty).
+    broken: Mapping[str, str] = field(default_factory=dict)
 
 
 def parse_states(raw: Mapping[str, str], hash_key: str,
@@ -156,6 +161,7 @@ class LaneStore:
         self._cas = scripts.register(client, "run_cas")
         self._mark_lost = scripts.register(client, "run_mark_lost")
         self._tick = scripts.register(client, "tick")
+        self._heal = scripts.register(client, "tick_heal")
 
     def snapshot(self, beat_token: str, lock_ttl_s: float,
                  quarantine_s: float = 0.0) -> Snapshot:
@@ -208,9 +214,10 @@ class LaneStore:
         round trip, costing what changed: O(log N) when nothing did."""
         k = self.keys
         keys = [k.beat_lock, k.beat_fence, k.epoch, k.due, k.changed, k.lanes, k.lease,
-                k.paused, k.run_now]
+                k.paused, k.run_now, k.due_stamp, k.changed_stamp]
         args = [beat_token, int(lock_ttl_s * 1000), int(quarantine_s * 1000), uuid.uuid4().hex,
-                EPOCH_VERSION, "-inf" if cursor is None else repr(cursor), repr(now), *always]
+                EPOCH_VERSION, "-inf" if cursor is None else repr(cursor), repr(now),
+                STAMP_MEMBER, *always]
         # One script call: tick.lua renews the lock, checks the epoch and reads (redis-py's
         # Script loads it on a NoScriptError and retries).
         lock_reply, epoch_reply, read = self._tick(keys=keys, args=args)
@@ -219,13 +226,16 @@ class LaneStore:
         ok, value, event = lock_reply
         lock = (LockStatus(held=True, fence=int(value), event=str(event)) if int(ok) == 1
                 else LockStatus(held=False, holder=str(value), event=str(event)))
+        if str(event) == "bad-fence":
+            return Snapshot(lock=lock, states={}, lease=None, epoch=epoch,
+                            broken={k.beat_fence: "not-an-integer"})
         if int(read[0]) != 1:
             return Snapshot(lock=replace(lock, held=False) if lock.held else lock, states={},
                             lease=None, epoch=epoch)
         return self._parse_tick(lock, epoch, read)
 
     def _parse_tick(self, lock: LockStatus, epoch: EpochStatus, read: list[Any]) -> Snapshot:
-        _, names, n_changed, values, scores, nxt, raw_lease, paused, forced = read
+        _, names, n_changed, values, scores, nxt, raw_lease, paused, forced, broken = read
         raw: dict[str, str] = {}
         for i, lane in enumerate(names):
             for part, value in (("run", values[2 * i]), ("sched", values[2 * i + 1])):
@@ -252,7 +262,35 @@ class LaneStore:
                         raw=raw, looked=looked, changed=frozenset(looked[:int(n_changed)]),
                         scores={lane: (float(sc) if sc not in ("", None) else None)
                                 for lane, sc in zip(looked, scores, strict=True)},
-                        next_look=float(nxt) if nxt not in ("", None) else None)
+                        next_look=float(nxt) if nxt not in ("", None) else None,
+                        broken=dict(zip(broken[::2], broken[1::2], strict=True)))
+
+    def heal_derived(self, beat_token: str, lanes: Sequence[str], *, rescore: bool) -> bool:
+        """Rebuild the due index and the changed set and stamp both afresh (``tick_heal.lua``):
+        ``lanes`` (declared lanes; family members are read here) are put in the index due for
+        a look now; with ``rescore`` every lane is (the index is rebuilt from nothing), else
+        only those missing. False if this beat no longer holds the lock."""
+        names = [*lanes, *self.family_members()]
+        done = self._heal(keys=[self.keys.beat_lock, self.keys.due, self.keys.changed,
+                                self.keys.due_stamp, self.keys.changed_stamp],
+                          args=[beat_token, STAMP_MEMBER, "1" if rescore else "0", *names])
+        return int(done) == 1
+
+    def family_members(self) -> list[str]:
+        """Every family member's lane name, from the family sets (a set of the wrong type
+        reads as empty: its members are not indexed until it is fixed)."""
+        try:
+            families = sorted(str(f) for f in self.client.smembers(self.keys.families))
+        except redis.ResponseError:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for family in families:
+            pipe.smembers(self.keys.family(family))
+        lanes: list[str] = []
+        for family, got in zip(families, pipe.execute(raise_on_error=False), strict=True):
+            if not isinstance(got, Exception):
+                lanes += [member_lane(family, str(key)) for key in sorted(got)]
+        return lanes
 
     def ensure_indexed(self, lanes: Sequence[str]) -> None:
         """Put lanes missing from the due index in it, due for a look now (a beat's first
@@ -315,7 +353,7 @@ class LaneStore:
         together; False (nothing written) if this beat lost the lock."""
         if not records and not looks:
             return True
-        args: list[str] = [beat_token, str(len(records))]
+        args: list[str] = [beat_token, STAMP_MEMBER, str(len(records))]
         if len(self._written) > WRITTEN_MEMO_MAX:
             self._written.clear()
         for lane, record in records.items():
@@ -324,8 +362,8 @@ class LaneStore:
             self._written[fld] = (raw, record)
         for lane, look in (looks or {}).items():
             args += [lane, repr(float(look))]
-        n = self._guarded_hset(keys=[self.keys.beat_lock, self.keys.lanes, self.keys.due],
-                               args=args)
+        n = self._guarded_hset(keys=[self.keys.beat_lock, self.keys.lanes, self.keys.due,
+                                     self.keys.due_stamp], args=args)
         return int(n) >= 0
 
     def clear_inflight(self, beat_token: str, lane: str) -> None:
@@ -435,11 +473,11 @@ class LaneStore:
         release the lease (if ``token``), mark the lane changed and wake beat. Atomic."""
         released, written = self._finish(
             keys=[self.keys.lease, self.keys.lanes, self.keys.wake, self.keys.due,
-                  self.keys.changed],
+                  self.keys.changed, self.keys.due_stamp],
             args=[token, run_field(lane), encode(record), fence, wake_message,
                   "1" if write else "0", STATE_VERSION, WAKE_LIST_MAX,
                   "" if due_at is None else repr(float(due_at)), lane,
-                  "1" if member else "0"],
+                  "1" if member else "0", STAMP_MEMBER],
         )
         return int(released) == 1, int(written)
 

@@ -18,6 +18,9 @@ WATCHDOG_VERSION = 1
 EPOCH_VERSION = 1
 #: The wake list never holds more than this many entries: one wake-up is as good as many.
 WAKE_LIST_MAX = 64
+#: The member of the due index whose score is the index's write stamp, and the prefix of the
+#: changed set's stamp member (``<STAMP_MEMBER>:<generation>``); no lane name starts with NUL.
+STAMP_MEMBER = "\x00stamp"
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,19 @@ class Keys:
         return f"{self.prefix}:changed"
 
     @property
+    def due_stamp(self) -> str:
+        """Integer: the due index's write stamp, bumped with the index's own stamp member
+        (:data:`STAMP_MEMBER`) by every stamped writer while the two agree. A deleted, emptied,
+        replaced or restored index shows a stamp that disagrees: beat rebuilds it."""
+        return f"{self.prefix}:due:stamp"
+
+    @property
+    def changed_stamp(self) -> str:
+        """Integer: the changed set's generation, bumped by beat each time it empties the set
+        and re-adds ``<STAMP_MEMBER>:<generation>``; a set without that member was lost."""
+        return f"{self.prefix}:changed:stamp"
+
+    @property
     def families(self) -> str:
         """Set: names of the lane families that have (or had) members."""
         return f"{self.prefix}:families"
@@ -160,6 +176,8 @@ class CounterKind(StrEnum):
     ERRORS = "errors"
     #: Runs that started and whose lease or in-flight mark lapsed with no end, by lane.
     LOST = "lost"
+    #: Derived keys (due index, changed set) beat found broken and rebuilt, by key.
+    HEALS = "derived_heals"
 
 
 #: The unlabelled counter of heavy lease grants (bumped by ``lease_acquire.lua``).
@@ -187,6 +205,7 @@ __all__ = [
     "LEASE_ACQUISITIONS",
     "PRESSURE_VERSION",
     "REGISTRY_VERSION",
+    "STAMP_MEMBER",
     "STATE_VERSION",
     "WAKE_LIST_MAX",
     "WATCHDOG_VERSION",

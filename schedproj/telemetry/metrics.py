@@ -37,6 +37,10 @@ COUNTERS = {
     CounterKind.LOST: ("schedproj_lost_runs",
                        "Runs that started and whose lease or in-flight mark lapsed with no "
                        "end recorded (their worker died).", "lane"),
+    CounterKind.HEALS: ("schedproj_derived_state_heals",
+                        "Derived keys (due index, changed set) found missing, emptied, of the "
+                        "wrong type or restored from an older copy, and rebuilt by beat.",
+                        "key"),
 }
 
 

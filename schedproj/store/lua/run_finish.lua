@@ -8,7 +8,11 @@
 -- marked changed for beat). written is -3 for a member removed meanwhile (nothing kept).
 -- Returns {released, written}; written is 0 when a newer-fenced run already wrote the record
 -- (a late writer), -1 when the stored record is unreadable (left untouched), -2 when not asked.
+-- KEYS[6] due stamp, ARGV[12] stamp member: the due index is written (and its stamp bumped,
+-- tick_stamp.lua) only while its stamp is trusted; else beat rebuilds it from the records.
 -- Every check happens before the first write, so an error can never leave half a change.
+-- include: tick_stamp
+local trusted = due_trusted(KEYS[4], KEYS[6], ARGV[12])
 -- A light run (no token) whose record names another run in flight (one that started after it:
 -- after a stalled heartbeat or a failover) records its outcome but leaves that run's in-flight
 -- mark in place: ending one run must never make another invisible to beat.
@@ -58,16 +62,18 @@ if written == 1 and ARGV[1] == '' and existing then
   end
 end
 -- A family member removed while it ran leaves no record behind (ARGV[11] '1': a member).
-if written == 1 and ARGV[11] == '1' and not redis.call('ZSCORE', KEYS[4], ARGV[10]) then
+if written == 1 and ARGV[11] == '1' and trusted and not redis.call('ZSCORE', KEYS[4], ARGV[10])
+    then
   written = -3
 end
 if written == 1 then
   redis.call('HSET', KEYS[2], ARGV[2], record)
-  if ARGV[9] ~= '' and redis.call('ZSCORE', KEYS[4], ARGV[10]) then
+  if ARGV[9] ~= '' and trusted and redis.call('ZSCORE', KEYS[4], ARGV[10]) then
     redis.call('ZADD', KEYS[4], ARGV[9], ARGV[10])
+    bump_due_stamp(KEYS[4], KEYS[6], ARGV[12])
   end
 end
-redis.call('SADD', KEYS[5], ARGV[10])
+redis.pcall('SADD', KEYS[5], ARGV[10])  -- a changed set of the wrong type: beat heals it
 redis.call('LPUSH', KEYS[3], ARGV[5])
 redis.call('LTRIM', KEYS[3], 0, tonumber(ARGV[8]) - 1)
 return {released, written}

@@ -1,0 +1,73 @@
+"""Beat's side of broken keys: heal the derived ones, report the others, once per onset.
+
+The due index and the changed set are derived from the lane records: beat rebuilds them when a
+tick finds one broken (``store/lua/tick_read.lua`` says which) and at least every
+:data:`~schedproj.core.dueindex.DERIVED_RECONCILE_S`. Every other key a tick reads is an
+operator's or another process's: one of the wrong type is read as empty (``paused``,
+``run-now``) or stops only what depends on it (``lease``: heavy lanes; ``lanes``: every lane;
+the beat fence: every dispatch), and is named with its fix until it is fixed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from schedproj.store.lane_store import LaneStore
+from schedproj.store.protocol import CounterKind, Keys, counter_field
+
+logger = logging.getLogger("schedproj.beat")
+
+#: What a broken operator key stops, by the key's name under the prefix.
+STOPS = {
+    "paused": "read as empty: paused lanes may run",
+    "run-now": "read as empty: run-now requests wait",
+    "lease": "heavy lanes wait (light lanes run)",
+    "lanes": "no lane record can be read: nothing is dispatched",
+    "beat:fence": "no message can be fenced: nothing is dispatched",
+}
+
+
+class KeyHealth:
+    """Which keys the last tick found broken, so each onset is said once."""
+
+    def __init__(self, store: LaneStore, keys: Keys) -> None:
+        self.store, self.keys = store, keys
+        self._said: dict[str, str] = {}
+
+    def derived(self, broken: Mapping[str, str]) -> list[str]:
+        """The derived keys among ``broken`` (the tick must heal them)."""
+        return [key for key in (self.keys.due, self.keys.changed) if key in broken]
+
+    def healed(self, broken: Mapping[str, str]) -> None:
+        """Count every heal; warn once per onset, naming the key and what was wrong."""
+        counts = {counter_field(CounterKind.HEALS, self._name(key)): 1
+                  for key in self.derived(broken)}
+        self.store.count_many(counts)
+        for key in self.derived(broken):
+            if self._said.get(key) != broken[key]:
+                what = ("held a value of the wrong type" if broken[key] == "wrong-type" else
+                        "was deleted, emptied or restored from an older copy (its write stamp "
+                        "disagrees with " + (self.keys.due_stamp if key == self.keys.due
+                                             else self.keys.changed_stamp) + ")")
+                logger.warning("derived key %s %s: rebuilt it from the lane records", key,
+                               what)
+
+    def report(self, broken: Mapping[str, str]) -> None:
+        """Name each broken operator key and its fix once per onset; forget the fixed ones."""
+        for key, problem in broken.items():
+            if self._said.get(key) == problem or key in self.derived(broken):
+                continue
+            stops = STOPS.get(self._name(key), "what depends on it waits")
+            kind = "is not a sane integer" if problem == "not-an-integer" else \
+                "holds a value of the wrong type"
+            logger.error("key %s %s; %s. Fix: inspect it (`redis-cli TYPE %s`), then delete "
+                         "it (`redis-cli DEL %s`) and redo what it held", key, kind, stops,
+                         key, key)
+        self._said = dict(broken)
+
+    def _name(self, key: str) -> str:
+        return key.removeprefix(self.keys.prefix + ":")
+
+
+__all__ = ["STOPS", "KeyHealth"]

@@ -1,0 +1,141 @@
+"""Beat in-process against hostile keys: derived keys heal, a broken key stops at most what
+depends on it, and each is named once per onset (issue 19, items 2, 3 and 5, beat's side)."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+import redis
+from celery import Celery
+
+from schedproj import Lane, LaneKind, LaneTask
+from schedproj.core.records import Outcome, RunRecord
+from schedproj.on_celery.beat import FairScheduler
+from schedproj.store.protocol import STAMP_MEMBER, Keys
+from tests.conftest import make_app, sent
+
+LIGHT, HEAVY = "k.light", "k.heavy"
+
+
+def two_lanes(app: Celery) -> None:
+    @app.task(shared=False, base=LaneTask, name=LIGHT,
+              lane=Lane(cadence_s=3600, kind=LaneKind.LIGHT))
+    def light() -> None: ...
+
+    @app.task(shared=False, base=LaneTask, name=HEAVY, lane=Lane(cadence_s=3600))
+    def heavy() -> None: ...
+
+
+def scheduler(key_prefix: str) -> FairScheduler:
+    return FairScheduler(app=make_app(key_prefix, two_lanes, beat_max_loop_interval_s=0.2,
+                                      beat_lock_ttl_s=5.0, start_deadline_s=5.0,
+                                      wake_on_release=False))
+
+
+def finish_light(sched: FairScheduler, task_id: str) -> None:
+    """The light run ends as a worker ends it (``run_finish.lua``), next due in an hour."""
+    now = time.time()
+    sched.rt.store.finish(LIGHT, RunRecord(last_run_at=now, runs=1, last_task_id=task_id,
+                                           last_outcome=Outcome.COMPLETED),
+                          token="", fence=0, wake_message="done", due_at=now + 3600)
+
+
+def heals(client: redis.Redis, keys: Keys, name: str) -> int:
+    return int(client.hget(keys.counters, f"derived_heals|{name}") or 0)
+
+
+def settled(key_prefix: str, broker: redis.Redis) -> FairScheduler:
+    """A beat that dispatched both lanes once and saw the light run end."""
+    sched = scheduler(key_prefix)
+    sched.tick()
+    finish_light(sched, sent(broker, "light")[0]["id"])
+    sched.tick()
+    assert len(sent(broker, "light")) == 1
+    return sched
+
+
+def test_run_now_after_the_due_index_was_deleted_dispatches_and_the_heal_is_said(
+        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis,
+        caplog: pytest.LogCaptureFixture) -> None:
+    keys = Keys(key_prefix)
+    sched = settled(key_prefix, broker)
+    redis_client.delete(keys.due)
+    sched.rt.store.run_now(LIGHT)
+    with caplog.at_level(logging.WARNING, logger="schedproj.beat"):
+        sched.tick()
+        sched.tick()
+    assert len(sent(broker, "light")) == 2, "schedproj run dispatched nothing"
+    assert heals(redis_client, keys, "due") == 1
+    said = [r.getMessage() for r in caplog.records if keys.due in r.getMessage()]
+    assert len(said) == 1 and "rebuilt" in said[0], said
+    assert redis_client.zscore(keys.due, LIGHT) is not None
+    sched.close()
+
+
+@pytest.mark.parametrize("damage", ["delete", "garbage", "emptied"])
+def test_a_damaged_due_index_is_rebuilt_from_the_records(
+        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis, damage: str) -> None:
+    keys = Keys(key_prefix)
+    sched = settled(key_prefix, broker)
+    if damage == "delete":
+        redis_client.delete(keys.due)
+    elif damage == "garbage":
+        redis_client.set(keys.due, "garbage")
+    else:
+        redis_client.zremrangebyrank(keys.due, 0, -1)
+    assert isinstance(sched.tick(), float)
+    assert heals(redis_client, keys, "due") == 1
+    # The light lane's look is back where its record puts it (an hour on), not lost.
+    look = redis_client.zscore(keys.due, LIGHT)
+    assert look is not None and look > time.time() + 3000
+    sched.tick()
+    assert heals(redis_client, keys, "due") == 1, "healed once, then the stamps agree"
+    sched.close()
+
+
+def test_an_index_restored_from_an_older_copy_is_rebuilt(
+        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis) -> None:
+    keys = Keys(key_prefix)
+    sched = scheduler(key_prefix)
+    sched.tick()
+    old = redis_client.dump(keys.due)
+    finish_light(sched, sent(broker, "light")[0]["id"])
+    sched.tick()
+    assert old is not None
+    redis_client.restore(keys.due, 0, old, replace=True)
+    sched.tick()
+    assert heals(redis_client, keys, "due") == 1
+    look = redis_client.zscore(keys.due, LIGHT)
+    assert look is not None and look > time.time() + 3000
+    sched.close()
+
+
+def test_lost_change_marks_are_healed(key_prefix: str, broker: redis.Redis,
+                                      redis_client: redis.Redis) -> None:
+    """A run ends, then the changed set is deleted before beat reads it: without a heal beat
+    never looks at the lane again until its stale in-flight look."""
+    keys = Keys(key_prefix)
+    sched = scheduler(key_prefix)
+    sched.tick()
+    sched.tick()
+    finish_light(sched, sent(broker, "light")[0]["id"])
+    redis_client.delete(keys.changed)
+    sched.rt.store.run_now(LIGHT)  # its mark lands in a set without the stamp member
+    sched.tick()
+    assert heals(redis_client, keys, "changed") == 1
+    assert len(sent(broker, "light")) == 2
+    assert STAMP_MEMBER + ":" in "".join(redis_client.smembers(keys.changed))
+    sched.close()
+
+
+def test_the_stamp_costs_the_idle_tick_no_write(key_prefix: str, broker: redis.Redis,
+                                                redis_client: redis.Redis) -> None:
+    keys = Keys(key_prefix)
+    sched = settled(key_prefix, broker)
+    sched.tick()
+    stamps = redis_client.get(keys.due_stamp), redis_client.get(keys.changed_stamp)
+    sched.tick()
+    assert (redis_client.get(keys.due_stamp), redis_client.get(keys.changed_stamp)) == stamps
+    sched.close()
