@@ -260,6 +260,11 @@ def test_a_light_lane_in_flight_is_looked_at_when_its_run_or_message_expires(
     assert next_look(spec, st_, T, grace_s=grace) == expected
 
 
+def test_without_a_grace_a_light_run_is_looked_at_when_its_mark_runs_out() -> None:
+    spec = lane(kind=LaneKind.LIGHT, cadence_s=10.0)
+    assert next_look(spec, in_flight(T + 20, None), T) == T + 20
+
+
 def test_a_light_lane_no_longer_in_flight_is_filed_by_its_due_time() -> None:
     spec = lane(kind=LaneKind.LIGHT, cadence_s=600.0)
     assert next_look(spec, in_flight(T - 5, None), T) == T - 30 + 600
