@@ -14,7 +14,7 @@ import pytest
 from schedproj.core import defaults
 from schedproj.core.errors import LaneDeclarationError, StateError
 from schedproj.core.families import LaneFamily, member_spec
-from schedproj.core.lanes import Gate, Lane, LaneKind, LaneSpec, Profile
+from schedproj.core.lanes import DeploymentClass, Gate, Lane, LaneKind, LaneSpec, Profile
 from schedproj.core.laneset import (
     LaneSet,
     build_lane_set,
@@ -38,10 +38,13 @@ def refused(tasks: dict[str, Any], **kw: Any) -> LaneDeclarationError:
 
 def test_only_tasks_with_a_lane_option_are_lanes() -> None:
     a = Lane(cadence_s=60)
-    tasks = {"t.a": task(a), "t.plain": task(), "t.other": SimpleNamespace()}
-    assert lane_tasks(tasks) == [("t.a", tasks["t.a"], a)]
+    b = Lane(cadence_s=60)
+    tasks = {"t.plain": task(), "t.a": task(a), "t.other": SimpleNamespace(), "t.b": task(b)}
+    assert lane_tasks(tasks) == [("t.a", tasks["t.a"], a), ("t.b", tasks["t.b"], b)]
     error = refused({"t.bad": task({"cadence_s": 60})})
-    assert error.lane == "t.bad" and "dict, not a Lane" in error.problem
+    assert (error.lane, error.problem, error.fix) == (
+        "t.bad", "the task's lane option is dict, not a Lane",
+        "declare it as lane=schedproj.Lane(cadence_s=..., ...)")
 
 
 def test_lanes_come_out_in_declared_order_then_name_never_registry_order() -> None:
@@ -55,14 +58,17 @@ def test_lanes_come_out_in_declared_order_then_name_never_registry_order() -> No
 
 def test_a_spec_carries_the_declaration_scaled() -> None:
     lane = Lane(cadence_s=100, kind=LIGHT, gates=(Gate("t.b", max_defer_s=10),), order=4,
-                retry_after_failure_s=20, retry_window_s=40, backlog_driven=True)
+                retry_after_failure_s=20, retry_window_s=40, backlog_driven=True,
+                deployment=DeploymentClass.LOCAL_ONLY)
     lanes = build_lane_set({"t.a": task(lane), "t.b": task(Lane(cadence_s=5))},
                            cadence_scale=0.5)
     spec = lanes.spec("t.a")
     assert spec == LaneSpec(name="t.a", task_name="t.a", kind=LIGHT, cadence_s=50.0,
                             gates=(Gate("t.b", max_defer_s=5.0),), order=4,
                             backlog_driven=True, retry_after_failure_s=10.0,
-                            retry_window_s=20.0)
+                            retry_window_s=20.0, deployment=DeploymentClass.LOCAL_ONLY)
+    assert build_lane_set({"t.p": task(Lane(cadence_s=5, priority0=True))}).spec(
+        "t.p").priority0
     assert lanes.spec("t.b").gates == () and lanes.spec("t.b").retry_window_s is None
     assert lanes.option("t.a") is lane
 
@@ -77,13 +83,17 @@ def test_a_lane_may_take_its_own_name() -> None:
 def test_a_lane_declared_twice_names_both_tasks() -> None:
     error = refused({"t.a": task(Lane(cadence_s=60, name="x")),
                      "t.b": task(Lane(cadence_s=60, name="x"))})
-    assert error.lane == "x" and "'t.a'" in error.problem and "'t.b'" in error.problem
+    assert (error.lane, error.problem, error.fix) == (
+        "x", "declared twice, by tasks 't.a' and 't.b'",
+        "give each lane a unique name (Lane(name=...) or the task name)")
 
 
 @pytest.mark.parametrize("name", ["a[b", "a]", "a|run"])
 def test_names_holding_member_or_field_separators_are_refused(name: str) -> None:
     error = refused({"t.a": task(Lane(cadence_s=60, name=name))})
-    assert error.lane == name and "'[', ']' or '|'" in error.problem
+    assert (error.lane, error.problem, error.fix) == (
+        name, "the name holds '[', ']' or '|', which schedproj uses to name family members "
+        "and state fields", "rename the lane (Lane(name=...)) without them")
 
 
 def test_each_lane_is_checked_with_its_name() -> None:
@@ -95,14 +105,18 @@ def test_each_lane_is_checked_with_its_name() -> None:
 def test_a_lane_whose_queue_option_is_not_its_kinds_is_refused(kind: LaneKind,
                                                                  queue: str) -> None:
     error = refused({"t.a": task(Lane(cadence_s=60, kind=kind), queue=queue)})
-    assert error.lane == "t.a" and "its queue option" in error.problem
-    assert repr(queue) in error.problem
+    assert error.lane == "t.a"
+    assert error.problem == (f"is a {kind.value} lane but its queue option sends it to queue "
+                             f"{queue!r}")
+    assert error.fix == (f"remove the queue setting; schedproj routes {kind.value} lanes to "
+                         f"{kind.value!r}")
 
 
 def test_a_lane_the_apps_routes_send_elsewhere_is_refused() -> None:
     routes = {"t.a": "celery"}
     error = refused({"t.a": task(Lane(cadence_s=60))}, routed_queue=routes.get)
-    assert "the app's task_routes" in error.problem and "'heavy'" in error.fix
+    assert error.problem == "is a heavy lane but the app's task_routes sends it to queue 'celery'"
+    assert "'heavy'" in error.fix
 
 
 def test_a_lane_on_its_own_queue_is_accepted() -> None:
@@ -126,7 +140,10 @@ def test_gates_forming_a_cycle_are_refused_showing_the_cycle(length: int) -> Non
              for i, name in enumerate(names)}
     tasks["t.free"] = task(Lane(cadence_s=60, gates=(Gate("t.0"),)))
     error = refused(tasks)
+    assert error.lane == names[0]
     assert error.problem == "its gates form a cycle " + " -> ".join([*names, names[0]])
+    assert error.fix == ("remove one gate of the cycle; lanes waiting on each other would "
+                         "defer forever")
 
 
 def test_a_chain_of_gates_without_a_cycle_is_accepted() -> None:
