@@ -238,7 +238,6 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         if snap is None:
             return min(STANDBY_POLL_S, s.beat_max_loop_interval_s)
         snap = self._heal(snap, now)
-        self._refusal_said = ""
         probes, unreadable = e.checks.probe(snap.errors, e.lanes.lanes.knows)
         # Re-read every tick until readable: an operator who deletes or fixes the bad value
         # with redis-cli marks nothing changed.
@@ -270,7 +269,9 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         e.pressure.publish(plan.decision, snap, now, states=plan.states, partial=skipped > 0)
         e.families.sync(now)
         e.lanes.keep_only(e.memory.states)
-        return self._wait(plan, next_look, now)
+        interval = self._wait(plan, next_look, now)
+        self._refusal_said = ""
+        return interval
 
     def _read(self, now: float) -> Snapshot | None:
         """Read what changed (a beat that just took the lock builds its memory from Redis
@@ -316,6 +317,8 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
             snap.lock.event != "renewed" and snap.epoch.quarantine_left_s > 0))
         remembered = {lane: st.run for lane, st in e.memory.states.items()}
         e.memory.reset()
+        e.health.healed({key: problem for key, problem in snap.broken.items()
+                         if problem == "wrong-type"})
         # Index the declared lanes and stamp the derived keys (a new deployment, lanes declared
         # since, an index lost or damaged while no beat ran); scores already there are kept.
         e.rt.store.heal_derived(self.token, e.lanes.lanes.names, rescore=False)

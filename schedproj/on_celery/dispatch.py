@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
@@ -56,6 +57,8 @@ class Dispatcher:
         self.rt, self.settings, self.token = rt, rt.settings, token
         self.memory, self.lanes, self.entries = memory, lanes, entries
         self.apply_entry, self.before_send = apply_entry, before_send
+        #: The last refusal said for a heavy grant or a counter write (once per onset).
+        self.refused: dict[str, str] = {}
 
     def dispatch(self, plan: Plan, snap: Snapshot) -> tuple[Plan, float | None]:
         """Returns the plan carried out and the next look after now. Raises
@@ -69,8 +72,13 @@ class Dispatcher:
         looks = self._record(plan, snap, grant_kwargs)
         self.before_send(plan)
         _log_deferrals(plan.new_deferrals, plan.decision)
-        self.rt.store.count_many(Counter(counter_field(CounterKind.DEFERRALS, d.reason.value)
-                                         for d in plan.new_deferrals))
+        try:
+            self.rt.store.count_many(Counter(counter_field(CounterKind.DEFERRALS,
+                                                           d.reason.value)
+                                             for d in plan.new_deferrals))
+        except redis.ResponseError as exc:  # counters of the wrong type: dispatch goes on
+            self._say_refused("counters", exc, f"the deferral counters are not kept; delete "
+                              f"{self.rt.keys.counters} (`redis-cli DEL` it)")
         self._send_all(plan, snap, grant_kwargs)
         later = [look for look in looks.values() if look > plan.now]
         if snap.next_look is not None:
@@ -125,8 +133,20 @@ class Dispatcher:
         if heavy is None:
             return plan, {}
         token = uuid.uuid4().hex
-        grant = self.rt.lease.acquire(heavy.lane, token, self.settings.start_deadline_s,
-                                      plan.now, task_id=heavy.task_id, beat_token=self.token)
+        try:
+            grant = self.rt.lease.acquire(heavy.lane, token, self.settings.start_deadline_s,
+                                          plan.now, task_id=heavy.task_id,
+                                          beat_token=self.token)
+        except redis.ResponseError as exc:
+            # A heavy-side key of the wrong type or garbage: heavy lanes wait, light ones run.
+            with contextlib.suppress(redis.ResponseError):
+                self.rt.lease.release(token)  # in case the script failed after granting
+            k = self.rt.keys
+            self._say_refused("grant", exc, f"heavy lanes wait, light lanes run. Fix: inspect "
+                              f"{k.lease}, {k.lease_fence}, {k.counters} and {k.epoch} "
+                              "(`redis-cli TYPE`, `GET`) and delete the bad one")
+            return plan.only(set(plan.sends) - {heavy.lane}), {}
+        self.refused.pop("grant", None)
         if grant.not_active_beat:
             raise BeatLockLost("beat lock lost before granting the heavy lease")
         if grant.quarantine_s is not None:
@@ -138,6 +158,11 @@ class Dispatcher:
             logger.info("heavy lease already held by %s; %s waits", grant.holder, heavy.lane)
             return plan.only(set(plan.sends) - {heavy.lane}), {}
         return plan, heavy_kwargs(token, grant.fence, beat_fence)
+
+    def _say_refused(self, what: str, exc: Exception, fix: str) -> None:
+        if self.refused.get(what) != str(exc):
+            logger.error("Redis refused the %s write (%s): %s", what, exc, fix)
+        self.refused[what] = str(exc)
 
     def _send_all(self, plan: Plan, snap: Snapshot, grant_kwargs: dict[str, Any]) -> None:
         """Send the heavy winner and every light lane; log what left for the audit."""

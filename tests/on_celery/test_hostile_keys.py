@@ -139,3 +139,55 @@ def test_the_stamp_costs_the_idle_tick_no_write(key_prefix: str, broker: redis.R
     sched.tick()
     assert (redis_client.get(keys.due_stamp), redis_client.get(keys.changed_stamp)) == stamps
     sched.close()
+
+
+#: Every key beat reads or writes, by its name under the prefix, and its Redis type.
+BEAT_KEYS = {
+    "lanes": "hash", "lease": "string", "epoch": "string", "due": "zset", "changed": "set",
+    "paused": "set", "run-now": "set", "beat:lock": "string", "beat:fence": "string",
+    "due:stamp": "string", "changed:stamp": "string", "wake": "list", "pressure": "hash",
+    "counters": "hash", "dispatch-log": "list", "journal": "list", "errors": "hash",
+    "registry": "string", "beat:info": "hash", "families": "set", "lease:fence": "string",
+}
+#: Keys every dispatch depends on: broken, nothing may be dispatched (but beat keeps running).
+#: A broken epoch record reads as a state loss: the quarantine holds every lane a while.
+EVERYTHING_DEPENDS_ON = {"lanes", "beat:fence", "epoch"}
+#: Keys the tick's read names when broken.
+NAMED_BY_THE_READ = {"lanes", "lease", "due", "changed", "paused", "run-now", "beat:fence"}
+
+
+def spoil(client: redis.Redis, key: str, kind: str, how: str) -> None:
+    client.delete(key)
+    if how == "garbage" and kind == "string":
+        client.set(key, "1e300 garbage {")
+    elif kind == "string":
+        client.rpush(key, "a", "b")
+    elif how == "garbage":
+        client.set(key, "garbage")
+    else:
+        client.hset(key, "a", "b") if kind != "hash" else client.rpush(key, "x")
+
+
+@pytest.mark.parametrize("how", ["wrong-type", "garbage"])
+@pytest.mark.parametrize("name", sorted(BEAT_KEYS))
+def test_a_broken_key_stops_at_most_what_depends_on_it(
+        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis, name: str, how: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    key = f"{key_prefix}:{name}"
+    sched = scheduler(key_prefix)
+    spoil(redis_client, key, BEAT_KEYS[name], how)
+    with caplog.at_level(logging.INFO, logger="schedproj"):
+        for _ in range(3):
+            assert isinstance(sched.tick(), float)
+    lights = len(sent(broker, "light"))
+    if name in EVERYTHING_DEPENDS_ON:
+        assert lights == 0
+    else:
+        assert lights == 1, f"a broken {name} stopped light dispatch"
+    if (name in NAMED_BY_THE_READ and how == "wrong-type") or name == "beat:fence":
+        said = [r.getMessage() for r in caplog.records if key in r.getMessage()]
+        assert said, f"{key} was never named"
+        assert len([s for s in said if "Fix" in s or "rebuilt" in s]) <= 1, "said more than once"
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == len(set(errors)), f"an error said every tick: {errors}"
+    sched.close()

@@ -28,6 +28,13 @@ local fence = redis.pcall('GET', KEYS[2])
 if type(fence) == 'table' or (fence and (not string.match(fence, '^%d+$') or #fence > 15)) then
   return {{0, '', 'bad-fence'}, {'', 0, 0, ''}, {0}}
 end
+-- A beat lock or epoch record of the wrong type was written by no beat: the lock is replaced
+-- (as a lock without a TTL is), the epoch record counts as missing (a state loss: heavy
+-- grants wait the quarantine, which beat reports).
+for _, key in ipairs({KEYS[1], KEYS[3]}) do
+  local t = redis.call('TYPE', key)['ok']
+  if t ~= 'string' and t ~= 'none' then redis.call('DEL', key) end
+end
 local read_args = {ARGV[1], ARGV[6], ARGV[7], ARGV[8]}
 for i = 9, #ARGV do read_args[#read_args + 1] = ARGV[i] end
 return {beat_lock({KEYS[1], KEYS[2]}, {ARGV[1], ARGV[2]}),
