@@ -18,20 +18,22 @@ from typing import Any
 import redis
 from celery import Celery, signals
 from kombu.transport import redis as kombu_redis
+from pydantic import ValidationError
 
 from schedproj.core import defaults
 from schedproj.core.errors import ConfigurationError, LaneDeclarationError, SchedprojError
 from schedproj.core.lanes import LaneKind, queue_for
 from schedproj.core.laneset import LaneSet, build_lane_set, lane_tasks
-from schedproj.settings import Settings, consumer_timeout_problem
-from schedproj.store.connection import connect, describe_failure
+from schedproj.settings import Settings, consumer_timeout_problem, explain
+from schedproj.store.connection import connect, describe_failure, mask
 from schedproj.telemetry.sentry import init_sentry
 
 logger = logging.getLogger(__name__)
 
 
 class _BrokerChannel(kombu_redis.Channel):
-    """kombu's Redis channel, failing like a lost connection once its connection is gone.
+    """kombu's Redis channel, failing like a lost connection once its connection is gone
+    (installed by :func:`use_broker_channel`).
 
     On a broker connection loss Celery's consumer first collects the connection (the default
     channel's close fails half-way while Redis is still down, and the transport's ``client`` is
@@ -55,19 +57,21 @@ class _BrokerChannel(kombu_redis.Channel):
         return params
 
 
-class BrokerTransport(kombu_redis.Transport):
-    """kombu's Redis transport with :class:`_BrokerChannel`; used for ``redis://`` brokers."""
+def use_broker_channel() -> None:
+    """Give kombu's Redis transport (``redis://`` and ``rediss://``) :class:`_BrokerChannel`.
 
-    Channel = _BrokerChannel
-
-
-#: ``broker_transport`` given to apps whose broker is ``redis://`` (see :class:`_BrokerChannel`).
-BROKER_TRANSPORT = f"{__name__}:BrokerTransport"
+    The channel class is swapped, not the transport: an app's ``broker_transport`` stays unset,
+    so the worker banner, logs and broker errors show the app's own URL (password masked), not
+    a class path. It applies to every kombu Redis connection of the process, and changes only
+    what a closed connection raises. Sentinel keeps its own channel class.
+    """
+    kombu_redis.Transport.Channel = _BrokerChannel
 
 
 def route_lane(name: str, args: Any, kwargs: Any, options: Any, task: Any = None,
                **kw: Any) -> dict[str, str] | None:
-    """Celery router: heavy lanes to queue ``heavy``, light lanes to ``light``."""
+    """Celery router: heavy lanes to queue ``heavy``, light lanes to ``light``; any other task
+    is left to the app's own routes and default queue."""
     lane = getattr(task, "lane", None)
     kind = getattr(lane, "kind", None)
     if isinstance(kind, LaneKind):
@@ -75,49 +79,148 @@ def route_lane(name: str, args: Any, kwargs: Any, options: Any, task: Any = None
     return None
 
 
+#: Celery's default ``beat_scheduler``: an app still on it gets schedproj's (lanes need it).
+CELERY_DEFAULT_SCHEDULER = "celery.beat:PersistentScheduler"
+FAIR_SCHEDULER = "schedproj.scheduler:FairScheduler"
+#: Content types that are not JSON-safe: a lane worker accepting one breaks promise 9.
+UNSAFE_CONTENT = frozenset({"pickle", "application/x-python-serialize"})
+
+
+def own_app_conf(settings: Settings) -> dict[str, Any]:
+    """What ``schedproj.app`` sets app-wide on its own app (it has no tasks but lanes), beyond
+    :func:`configure_app`; an adopted app keeps its own values of these (docs/adoption.md)."""
+    return {
+        "task_serializer": "json", "result_serializer": "json", "event_serializer": "json",
+        "accept_content": ["json"], "result_accept_content": ["json"],
+        "task_ignore_result": True, "task_acks_late": True, "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1, "task_create_missing_queues": True,
+        "task_default_queue": defaults.LIGHT_QUEUE, "worker_send_task_events": True,
+        "task_send_sent_event": True, "beat_scheduler": FAIR_SCHEDULER,
+        "beat_max_loop_interval": settings.beat_max_loop_interval_s,
+        "broker_connection_retry_on_startup": True,
+    }
+
+
 def configure_app(app: Celery, settings: Settings | None = None) -> Celery:
-    """Apply schedproj's settings to ``app`` (the Celery side only; the public
-    :func:`schedproj.configure_app` also declares the watchdog lane when asked)."""
-    settings = settings or load_settings()
+    """Fit ``app`` for lanes, keeping its own configuration (the Celery side only; the public
+    :func:`schedproj.configure_app` also declares the watchdog lane when asked).
+
+    Lanes get their options per task (:class:`LaneTask`: JSON, acks late, reject on a lost
+    worker, no result; :func:`route_lane`: their queue). App-wide, only what has no per-task
+    form is touched, each listed with its reason in docs/adoption.md."""
+    settings = settings_for_app(app, settings or load_settings())
     app.schedproj_settings = settings
-    routes = app.conf.task_routes
+    conf = app.conf
+    if "broker_url" in settings.model_fields_set or not conf.broker_url:
+        conf.broker_url = settings.broker_url  # the environment's, or the app names none
+    # The app's content types, kept; stated as lists (results: the accept_content Celery
+    # reads them with when unset) so the JSON-only checks read one explicit list each.
+    accepted = list(conf.accept_content)
+    conf.accept_content = accepted
+    conf.result_accept_content = list(conf.result_accept_content or accepted)
+    routes = conf.task_routes
     routes = list(routes) if isinstance(routes, list | tuple) else ([routes] if routes else [])
-    app.conf.update(
-        broker_url=settings.broker_url,
-        # JSON only on the wire: a pickle payload is refused by every consumer.
-        task_serializer="json",
-        result_serializer="json",
-        event_serializer="json",
-        accept_content=["json"],
-        result_accept_content=["json"],
-        task_ignore_result=True,
-        # A heavy worker holds one message at a time and acks it only when the run ends; a
-        # worker killed mid-run gets its message redelivered, which then refuses its stale lease.
-        task_acks_late=True,
-        task_reject_on_worker_lost=True,
-        worker_prefetch_multiplier=1,
-        broker_transport_options={"visibility_timeout": int(settings.visibility_timeout_s)},
-        task_routes=[*routes, route_lane],
-        task_create_missing_queues=True,
-        task_default_queue=defaults.LIGHT_QUEUE,
-        worker_send_task_events=True,
-        task_send_sent_event=True,
-        beat_scheduler="schedproj.scheduler:FairScheduler",
-        beat_max_loop_interval=settings.beat_max_loop_interval_s,
-        broker_connection_retry_on_startup=True,
-    )
-    broker_ssl = settings.broker_ssl()
-    if broker_ssl is not None and not app.conf.broker_use_ssl:
-        # rediss:// broker: verify the server as redis-py does for state (kombu alone would
-        # not verify at all), with SCHEDPROJ_REDIS_SSL_* (the URL's ssl_* query wins).
-        app.conf.broker_use_ssl = broker_ssl
-        app.conf.redis_backend_use_ssl = broker_ssl
+    if route_lane not in routes:
+        # The app's routes first: one that sends a lane elsewhere is refused at start.
+        conf.task_routes = [*routes, route_lane]
+    _merge_visibility_timeout(app, settings)
+    _adopt_scheduler(app)
+    _check_queues(app)
+    _use_broker_ssl(app, settings)
     _warn_duplicate_lanes(app)
-    if settings.broker_url.startswith("redis://") and not app.conf.broker_transport:
-        # Workers survive Redis restarts (see _BrokerChannel); rediss:// and sentinel:// keep
-        # kombu's own transport (their TLS and Sentinel set-up hangs on the URL's scheme).
-        app.conf.broker_transport = BROKER_TRANSPORT
+    use_broker_channel()
     return app
+
+
+def settings_for_app(app: Celery, settings: Settings) -> Settings:
+    """``settings`` as they apply to ``app``: its broker when no variable names one (the
+    environment overrides only when set), and its visibility timeout when longer than ours."""
+    updates: dict[str, Any] = {}
+    broker = app.conf.broker_url
+    if ("broker_url" not in settings.model_fields_set and isinstance(broker, str) and broker
+            and broker != settings.broker_url):
+        updates["broker_url"] = broker
+    theirs = _app_visibility_timeout(app)
+    if theirs is not None and theirs > settings.visibility_timeout_s:
+        updates["visibility_timeout_s"] = theirs
+    if not updates:
+        return settings
+    try:
+        return type(settings)(**{**settings.model_dump(), **updates})
+    except ValidationError as exc:
+        raise ConfigurationError(
+            f"the app's own settings (broker {mask(str(broker))} from app.conf.broker_url, as "
+            "no CELERY_BROKER_URL is set) do not fit schedproj:\n  "
+            + "\n  ".join(explain(exc, "SCHEDPROJ_"))
+        ) from None
+
+
+def _app_visibility_timeout(app: Celery) -> float | None:
+    value = (app.conf.broker_transport_options or {}).get("visibility_timeout")
+    return None if value is None else float(value)
+
+
+def _merge_visibility_timeout(app: Celery, settings: Settings) -> None:
+    """Only ``visibility_timeout`` of the transport options is ours, and only raised: a
+    shorter one would redeliver a heavy run while it still runs; the user's other options
+    (``global_keyprefix``, Sentinel's ``master_name`` …) are kept."""
+    if settings.broker_is_amqp:
+        return  # RabbitMQ redelivers on a lost channel, not after a timeout
+    ours = int(settings.visibility_timeout_s)
+    theirs = _app_visibility_timeout(app)
+    if theirs is not None and theirs >= ours:
+        return
+    if theirs is not None:
+        logger.warning(
+            "broker_transport_options['visibility_timeout']=%gs is shorter than "
+            "SCHEDPROJ_VISIBILITY_TIMEOUT_S=%ss, which heavy lanes need (a heavy run up to "
+            "its time limit %gs must not be redelivered while it runs): raised to %ss for the "
+            "app. Fix: set it to at least %s in broker_transport_options",
+            theirs, ours, settings.heavy_time_limit_s, ours, ours)
+    app.conf.broker_transport_options = {
+        **(app.conf.broker_transport_options or {}), "visibility_timeout": ours}
+
+
+def _adopt_scheduler(app: Celery) -> None:
+    """Lanes are dispatched only by the FairScheduler: an app still on Celery's default gets
+    it; an app that chose another scheduler keeps it, and is told how to run lanes."""
+    chosen = app.conf.beat_scheduler
+    if chosen in (CELERY_DEFAULT_SCHEDULER, FAIR_SCHEDULER):
+        app.conf.beat_scheduler = FAIR_SCHEDULER
+        return
+    logger.warning("beat_scheduler is %r (the app's own): kept, but only schedproj's "
+                   "FairScheduler dispatches lanes. Fix: run the lanes' beat with "
+                   "`celery -A <app> beat -S fair`", chosen)
+
+
+def _check_queues(app: Celery) -> None:
+    """The app's queue settings must leave the lane queues to lanes, and let them exist."""
+    conf = app.conf
+    if conf.task_default_queue == defaults.HEAVY_QUEUE:
+        raise ConfigurationError(
+            f"task_default_queue is {defaults.HEAVY_QUEUE!r}, the heavy lanes' queue: every "
+            "task without a route would wait behind heavy runs on the single-slot heavy "
+            "worker. Fix: give the app another default queue (Celery's is 'celery')")
+    declared = {str(queue.name) for queue in conf.task_queues or ()}
+    missing = sorted({defaults.HEAVY_QUEUE, defaults.LIGHT_QUEUE} - declared)
+    if missing and not conf.task_create_missing_queues:
+        raise ConfigurationError(
+            f"task_create_missing_queues is off and task_queues does not declare {missing}, "
+            "so lanes could not be sent. Fix: add Queue('heavy') and Queue('light') to "
+            "task_queues, or turn task_create_missing_queues on")
+
+
+def _use_broker_ssl(app: Celery, settings: Settings) -> None:
+    broker_ssl = settings.broker_ssl()
+    if broker_ssl is None:
+        return
+    # rediss:// broker: verify the server as redis-py does for state (kombu alone would not
+    # verify at all), with SCHEDPROJ_REDIS_SSL_* (the URL's ssl_* query wins); an app's own
+    # TLS options are kept.
+    if not app.conf.broker_use_ssl:
+        app.conf.broker_use_ssl = broker_ssl
+    if not app.conf.redis_backend_use_ssl:
+        app.conf.redis_backend_use_ssl = broker_ssl
 
 
 def lane_set_for(app: Celery) -> LaneSet:
@@ -145,6 +248,7 @@ def lane_set_for(app: Celery) -> LaneSet:
     lanes = build_lane_set(tasks, routed, settings.cadence_scale)
     for task_name, task, lane in lane_tasks(tasks):
         check_lane_protocol(lane.name or task_name, task_name, task)
+        check_lane_options(lane.name or task_name, task)
         _apply_time_limits(task_name, task, lane.kind, settings)
     app.schedproj_lanes = lanes
     return lanes
@@ -171,6 +275,24 @@ def check_lane_protocol(name: str, task_name: str, task: Any) -> None:
             name, f"its task class {type(task).__name__} overrides __call__ without calling "
             "super().__call__, which carries out the lease protocol",
             "call super().__call__(*args, **kwargs) from the override, or remove it")
+
+
+#: The per-task options every lane keeps (set by :class:`LaneTask`), and why.
+LANE_OPTIONS: dict[str, tuple[Any, str]] = {
+    "serializer": ("json", "JSON only on the wire"),
+    "acks_late": (True, "a worker killed mid-run must leave the message to be redelivered"),
+    "reject_on_worker_lost": (True, "a run whose worker died is redelivered, not acked"),
+}
+
+
+def check_lane_options(name: str, task: Any) -> None:
+    """A lane task declared with an option that breaks a lane guarantee is refused."""
+    for option, (needed, why) in LANE_OPTIONS.items():
+        value = getattr(task, option, None)
+        if value != needed:
+            raise LaneDeclarationError(
+                name, f"its task sets {option}={value!r}, but every lane needs "
+                f"{option}={needed!r} ({why})", f"remove {option}= from the lane's @app.task")
 
 
 def _apply_time_limits(task_name: str, task: Any, kind: LaneKind, settings: Settings) -> None:
@@ -217,10 +339,49 @@ def say_failure(message: str) -> None:
 def validate_or_exit(app: Celery, process: str) -> LaneSet:
     """Validate at process start; print the problem and exit instead of a deep traceback."""
     try:
+        if process == "beat":
+            _check_beat(app)
         return lane_set_for(app)
     except SchedprojError as exc:
         say_failure(f"schedproj: cannot start {process}: {exc}")
         raise SystemExit(2) from None
+
+
+def _check_beat(app: Celery) -> None:
+    if app.conf.task_always_eager:
+        raise ConfigurationError(
+            "task_always_eager is set (the app's own setting), so beat would run every lane "
+            "inside itself, without a worker, the heavy queue or a lease. Fix: unset "
+            "task_always_eager for the beat (keep it for tests that call tasks directly)")
+
+
+def consumed_queues(app: Celery) -> set[str]:
+    """The queues this process's worker consumes (all the app's, without ``-Q``)."""
+    queues = app.amqp.queues.consume_from or app.amqp.queues
+    return {str(queue.name) for queue in queues.values()}
+
+
+def check_lane_worker(app: Celery, worker: Any) -> None:
+    """Settings only a worker has, checked where they matter: a worker consuming a lane queue
+    must refuse pickle; one consuming ``heavy`` takes one message at a time."""
+    queues = consumed_queues(app)
+    lane_queues = sorted(queues & {defaults.HEAVY_QUEUE, defaults.LIGHT_QUEUE})
+    unsafe = sorted(UNSAFE_CONTENT & set(app.conf.accept_content or ()))
+    if lane_queues and unsafe:
+        raise ConfigurationError(
+            f"accept_content {list(app.conf.accept_content)} accepts {unsafe[0]!r} on a worker "
+            f"consuming lane queue(s) {lane_queues}: lanes take JSON only on the wire (a pickle "
+            "message runs code on load). Fix: accept_content=['json'] for this worker, or "
+            "serve the lane queues from a worker that accepts JSON only")
+    multiplier = getattr(worker, "prefetch_multiplier", 1)
+    if defaults.HEAVY_QUEUE in queues and multiplier > 1:
+        # Per worker, not app-wide: a heavy worker holding more than one message would keep
+        # the next (a light lane's, when it consumes both) waiting behind a heavy run.
+        logger.warning("worker_prefetch_multiplier is %s but this worker consumes queue %r, "
+                       "whose workers take one message at a time: set to 1 for this worker "
+                       "only. Fix: start heavy workers with --prefetch-multiplier 1",
+                       multiplier, defaults.HEAVY_QUEUE)
+        worker.prefetch_multiplier = 1
 
 
 def _under_celery_command() -> bool:
@@ -403,6 +564,11 @@ def _check_worker(sender: Any = None, **kwargs: Any) -> None:
     if app is None or getattr(app, "schedproj_settings", None) is None:
         return
     validate_or_exit(app, "worker")
+    try:
+        check_lane_worker(app, sender)
+    except ConfigurationError as exc:
+        say_failure(f"schedproj: cannot start worker: {exc}")
+        raise SystemExit(2) from None
     init_sentry(app.schedproj_settings, "worker")
     exit_if_misconfigured(app, app.schedproj_settings, "worker")
 

@@ -45,8 +45,13 @@ class LaneTask(Task):  # type: ignore[misc]
 
     abstract = True
     lane: Lane | None = None
+    # Per lane task, so an adopted app's own tasks keep the app's settings (docs/adoption.md):
+    # a worker killed mid-run leaves the message to be redelivered (its stale lease refuses
+    # it), JSON only on the wire, and no result (the outcome is recorded in the lane's state).
     acks_late = True
     reject_on_worker_lost = True
+    serializer = "json"
+    ignore_result = True
     # The lease grant rides as an extra keyword the lane body never sees (popped in __call__),
     # so Celery's client-side signature check must not reject it.
     typing = False

@@ -16,16 +16,20 @@ from schedproj.settings import Settings
 
 def configure_app(app: Celery, settings: Settings | None = None, *,
                   watchdog: bool = False) -> Celery:
-    """Apply schedproj's settings to ``app``; with ``watchdog``, declare the starvation
-    watchdog lane on it too."""
+    """Fit ``app`` for lanes, keeping its own configuration (docs/adoption.md lists what is
+    touched, where and why); with ``watchdog``, declare the starvation watchdog lane on it
+    too."""
     if watchdog:
         register(app)
     return config.configure_app(app, settings)
 
 
 def create_app(settings: Settings | None = None) -> Celery:
-    """The ``schedproj.app`` Celery app: lanes come from ``SCHEDPROJ_LANE_MODULES``."""
+    """The ``schedproj.app`` Celery app: lanes come from ``SCHEDPROJ_LANE_MODULES``. It is
+    schedproj's own app, with no tasks but lanes, so it also takes schedproj's app-wide
+    defaults (default queue ``light``, JSON, no results, …: :func:`config.own_app_conf`)."""
     settings = settings or config.load_settings()
     app = Celery("schedproj", include=settings.lane_module_list)
+    app.conf.update(config.own_app_conf(settings))
     # The starvation watchdog always runs alongside the user's lanes.
     return configure_app(app, settings, watchdog=True)
