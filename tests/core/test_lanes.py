@@ -56,22 +56,28 @@ def test_defaults_of_a_lane_and_a_gate() -> None:
         GateCondition.DUE_AND_BEHIND, DeferralReason.DEPENDENCY, None, False)
 
 
-@pytest.mark.parametrize("kw", [{"kind": "medium"}, {"deployment": "moon"}])
-def test_an_unknown_kind_or_deployment_names_the_choices(kw: dict[str, Any]) -> None:
+@pytest.mark.parametrize(("kw", "problem"), [
+    ({"kind": "medium"}, "'medium' is not a valid LaneKind"),
+    ({"deployment": "moon"}, "'moon' is not a valid DeploymentClass")])
+def test_an_unknown_kind_or_deployment_names_the_choices(kw: dict[str, Any],
+                                                         problem: str) -> None:
     with pytest.raises(LaneDeclarationError) as caught:
         Lane(cadence_s=60, name="x", **kw)
-    assert caught.value.lane == "x"
+    assert (caught.value.lane, caught.value.problem) == ("x", problem)
     assert "'heavy'" in caught.value.fix and "'local-only'" in caught.value.fix
-    with pytest.raises(LaneDeclarationError, match="<unnamed>"):
+    with pytest.raises(LaneDeclarationError) as unnamed:
         Lane(cadence_s=60, **kw)
+    assert unnamed.value.lane == "<unnamed>"
 
 
 def test_gates_that_are_not_a_sequence_are_refused() -> None:
     with pytest.raises(LaneDeclarationError, match="gates must be a tuple of Gate") as caught:
         Lane(cadence_s=60, gates=Gate("a"), name="x")  # type: ignore[arg-type]
     assert caught.value.lane == "x"
-    with pytest.raises(LaneDeclarationError, match="<unnamed>"):
+    assert caught.value.fix == "pass gates=(Gate('blocker-lane'),) or leave it out"
+    with pytest.raises(LaneDeclarationError) as unnamed:
         Lane(cadence_s=60, gates="a")  # type: ignore[arg-type]
+    assert unnamed.value.lane == "<unnamed>"
 
 
 CADENCE_FIX = "pass cadence_s=<seconds>, e.g. cadence_s=600 for ten minutes"
@@ -105,8 +111,10 @@ def test_any_positive_finite_cadence_is_accepted(cadence: float) -> None:
 )
 def test_retry_settings_that_do_not_fit_together_are_refused(after: Any, window: Any) -> None:
     error = refused(Lane(cadence_s=60, retry_after_failure_s=after, retry_window_s=window))
-    assert "do not fit together" in error.problem
-    assert "0 < retry_after_failure_s <= retry_window_s" in error.fix
+    assert error.problem == (f"retry_after_failure_s={after!r} and retry_window_s={window!r} "
+                             "do not fit together")
+    assert error.fix == ("set both, with 0 < retry_after_failure_s <= retry_window_s (e.g. 900 "
+                         "and 3600: retry 15 min after a failure, for up to an hour)")
 
 
 @pytest.mark.parametrize(("after", "window"), [(900, 900), (0.5, 3600), (900, 3600.0)])
