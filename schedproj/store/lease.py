@@ -72,6 +72,40 @@ class Renewal(tuple[bool, str]):
         return self[1]
 
 
+@dataclass(frozen=True)
+class OperatorRequest:
+    """What an operator asked of the run holding the lease (``schedproj clear-lease``):
+    ``stop`` (yield at the next checkpoint), ``terminate`` (its process is being killed) or
+    ``clear`` (its lease was cleared once its node said it no longer runs it)."""
+
+    action: str
+    task_id: str
+    lane: str
+    fence: int
+    at: float
+
+    def encode(self) -> str:
+        return json.dumps({"action": self.action, "task_id": self.task_id, "lane": self.lane,
+                           "fence": self.fence, "at": self.at})
+
+    @classmethod
+    def decode(cls, raw: str | None) -> OperatorRequest | None:
+        """The request, or None when there is none or it is not one (garbage is no request:
+        it must never stop a run)."""
+        try:
+            data = json.loads(raw) if raw else None
+            request = cls(action=str(data["action"]), task_id=str(data["task_id"]),
+                          lane=str(data["lane"]), fence=int(data["fence"]),
+                          at=float(data["at"])) if isinstance(data, dict) else None
+        except (ValueError, TypeError, KeyError, OverflowError):
+            return None
+        return request
+
+
+#: How long an operator's request is kept: well past any run's hold and any tick.
+REQUEST_TTL_S = 86_400.0
+
+
 class HeavyLease:
     """Operations on the heavy lease for one key prefix."""
 
@@ -82,6 +116,7 @@ class HeavyLease:
         self._start = scripts.register(client, "lease_start")
         self._renew = scripts.register(client, "lease_renew")
         self._release = scripts.register(client, "lease_release")
+        self._clear = scripts.register(client, "lease_clear")
 
     def acquire(self, lane: str, token: str, ttl_s: float, now: float, *, task_id: str = "",
                 beat_token: str = "") -> Grant:
@@ -143,6 +178,25 @@ class HeavyLease:
     def release(self, token: str) -> bool:
         return int(self._release(keys=[self.keys.lease], args=[token])) == 1
 
+    def clear(self, lease: LeaseView, *, started: bool, request: OperatorRequest | None = None
+              ) -> str:
+        """Release ``lease`` for an operator, only if it is still that grant and still
+        (un)started as ``started`` says (``lua/lease_clear.lua``), leaving ``request`` for beat.
+        Returns ``cleared`` or why not: gone | taken | started | unstarted."""
+        return str(self._clear(
+            keys=[self.keys.lease, self.keys.lease_request],
+            args=[lease.token, "started" if started else "unstarted",
+                  request.encode() if request is not None else "", _ms(REQUEST_TTL_S)]))
+
+    def ask(self, request: OperatorRequest) -> None:
+        """Leave an operator's request for the holder (its renewals read it) and for beat."""
+        self.client.set(self.keys.lease_request, request.encode(), px=_ms(REQUEST_TTL_S))
+
+    def request(self) -> OperatorRequest | None:
+        """The operator's last request, if any (garbage reads as none)."""
+        raw = self.client.get(self.keys.lease_request)
+        return OperatorRequest.decode(None if raw is None else str(raw))
+
     def read(self) -> LeaseView | None:
         raw = self.client.get(self.keys.lease)
         return parse_lease(raw if raw is None else str(raw), self.keys.lease)
@@ -170,4 +224,4 @@ def parse_lease(raw: str | None, key: str) -> LeaseView | None:
     return decode(LeaseView, raw, key)
 
 
-__all__ = ["Grant", "HeavyLease", "Holder", "Renewal", "parse_lease"]
+__all__ = ["Grant", "HeavyLease", "Holder", "OperatorRequest", "Renewal", "parse_lease"]

@@ -54,6 +54,13 @@ class Keys:
         return f"{self.prefix}:pressure"
 
     @property
+    def lease_request(self) -> str:
+        """String (JSON, ``store.lease.OperatorRequest``): what an operator asked of the lease
+        holder with ``schedproj clear-lease`` (stop, terminate, or its lease cleared), with a
+        TTL. The holder's renewals read it; beat reads it to record such a run ``cleared``."""
+        return f"{self.prefix}:lease:request"
+
+    @property
     def lease_fence(self) -> str:
         """Integer: the fencing counter, incremented on every lease grant. Never decreases."""
         return f"{self.prefix}:lease:fence"
