@@ -49,6 +49,11 @@ def lost(before: RunRecord, *, now: float, why: str, task_id: str | None = None)
                     backlog=before.backlog, now=now)
 
 
+#: The reason prefix of a run an operator cleared (``schedproj clear-lease``); it is recorded
+#: like a lost run otherwise (outcome ``lost``: the work did not finish, so a retry applies).
+CLEARED = "cleared"
+
+
 def is_running(before: RunRecord) -> bool:
     """Does the record name a run that started and has not ended?"""
     return (before.running_task_id is not None
@@ -76,4 +81,5 @@ def rebuilt(remembered: RunRecord | None, *, lane: str, cadence_s: float,
                      last_reason=ESTIMATED_AFTER_LOSS)
 
 
-__all__ = ["ESTIMATED_AFTER_LOSS", "finished", "is_running", "lost", "rebuilt", "started"]
+__all__ = ["CLEARED", "ESTIMATED_AFTER_LOSS", "finished", "is_running", "lost", "rebuilt",
+           "started"]

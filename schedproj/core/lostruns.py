@@ -13,7 +13,7 @@ the raw record it read); the records themselves come from :func:`lifecycle.lost`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from schedproj.core import lifecycle
 from schedproj.core.records import LeaseView, RunRecord
@@ -30,6 +30,26 @@ class LostRun:
     heavy: bool
     why: str
     record: RunRecord
+    #: An operator cleared it (``schedproj clear-lease``): not a loss nobody intended.
+    cleared: bool = False
+
+
+#: What ``schedproj clear-lease`` did to a run, by the action of its request.
+CLEARED_HOW = {"clear": "its lease cleared once its worker said it no longer ran it",
+               "terminate": "its process terminated with --terminate"}
+
+
+def cleared(lost: LostRun, *, action: str, task_id: str) -> LostRun:
+    """``lost`` as recorded when an operator's request (``action`` on run ``task_id``) names
+    it: reason ``cleared: by an operator (...)`` instead of ``lost: ...``. Unchanged when the
+    request is about another run or asked only for a yield (a yielding run records its own
+    end)."""
+    how = CLEARED_HOW.get(action)
+    if how is None or not lost.heavy or task_id != lost.task_id:
+        return lost
+    why = f"by an operator (schedproj clear-lease: {how})"
+    return replace(lost, why=why, cleared=True,
+                   record=replace(lost.record, last_reason=f"{lifecycle.CLEARED}: {why}"))
 
 
 def explain(why: str, started_at: float | None, put_back_at: float | None) -> str:
@@ -99,5 +119,5 @@ def vanished_run(gone: LeaseView, record: RunRecord, *, now: float,
                    record=lifecycle.lost(record, now=now, why=why, task_id=gone.task_id))
 
 
-__all__ = ["LostRun", "explain", "follow_lease", "has_lapsed", "lapsed_run", "same_run",
-           "vanished_run"]
+__all__ = ["CLEARED_HOW", "LostRun", "cleared", "explain", "follow_lease", "has_lapsed",
+           "lapsed_run", "same_run", "vanished_run"]

@@ -18,6 +18,10 @@ from schedproj.core.records import RunRecord
 from schedproj.on_celery.run_context import RunContext
 from schedproj.on_celery.run_records import CONTENDED, swap_run
 from schedproj.on_celery.runtime import Runtime
+from schedproj.store.lease import HeavyLease
+
+#: The reason a run that stopped for an operator yielded with.
+OPERATOR_STOP = "operator-stop"
 
 logger = logging.getLogger("schedproj.on_celery.task")
 
@@ -57,6 +61,7 @@ class LeaseRenewer(threading.Thread):
             if ok:
                 last_ok = self.ctx.renewed_at = sent
                 self.learn(reply.pressure)
+                self.heed_operator(lease)
                 if reason == "reasserted":
                     logger.warning("lane %s: the heavy lease had vanished (Redis lost state); "
                                    "re-asserted it (fence %d)", self.ctx.lane, self.ctx.fence)
@@ -67,6 +72,23 @@ class LeaseRenewer(threading.Thread):
             logger.error("lane %s: heavy lease lost (%s); yielding at the next checkpoint",
                          self.ctx.lane, reason)
             return
+
+    def heed_operator(self, lease: HeavyLease) -> None:
+        """Yield at the next checkpoint when an operator asked this run to stop
+        (``schedproj clear-lease --stop``). A request that cannot be read is no request."""
+        if self.ctx.stop_asked:
+            return
+        try:
+            request = lease.request()
+        except Exception:
+            logger.warning("lane %s: cannot read the operator's requests", self.ctx.lane,
+                           exc_info=True)
+            return
+        if request is not None and request.action == "stop" \
+                and request.task_id == self.ctx.task_id:
+            self.ctx.ask_to_stop(OPERATOR_STOP)
+            logger.warning("lane %s: an operator asked this run to stop (schedproj clear-lease "
+                           "--stop); yielding at the next checkpoint", self.ctx.lane)
 
     def learn(self, raw: str | None) -> None:
         """Hand the run the pressure a renewal returned, and the rule to weigh it by (off
@@ -156,4 +178,4 @@ class RunHeartbeat(threading.Thread):
         return "not-ours"
 
 
-__all__ = ["LeaseRenewer", "RunHeartbeat"]
+__all__ = ["OPERATOR_STOP", "LeaseRenewer", "RunHeartbeat"]

@@ -14,12 +14,15 @@ import time
 from collections.abc import Mapping
 from dataclasses import replace
 
+import redis
+
 from schedproj.core import lifecycle, lostruns
 from schedproj.core.errors import StateError
 from schedproj.core.lostruns import LostRun
 from schedproj.core.records import LaneState, LeaseView, RunRecord
 from schedproj.on_celery.tick_lanes import TickLanes
 from schedproj.store.lane_store import LaneStore, Snapshot
+from schedproj.store.lease import OperatorRequest
 from schedproj.store.protocol import CounterKind, Keys, counter_field, run_field
 
 logger = logging.getLogger("schedproj.beat")
@@ -138,10 +141,32 @@ class LossRecovery:
                 self._write(lostruns.lapsed_run(lane, run, heavy=spec.heavy, now=now,
                                                 put_back_at=self.put_back_at), raw)
 
+    def _cleared(self, lost: LostRun) -> LostRun:
+        """``lost`` as an operator's clear of its lease explains it, if one does
+        (:func:`lostruns.cleared`); read only when a heavy run is judged lost (rare)."""
+        if not lost.heavy:
+            return lost
+        try:
+            raw = self.store.client.get(self.keys.lease_request)
+        except redis.ResponseError:  # a wrong type there is no request: judged as lost
+            return lost
+        request = OperatorRequest.decode(None if raw is None else str(raw))
+        if request is None:
+            return lost
+        return lostruns.cleared(lost, action=request.action, task_id=request.task_id)
+
     def _write(self, lost: LostRun, raw: str) -> None:
-        """Record the loss (compare and set on ``raw``); said, counted and journaled."""
+        """Record the loss (compare and set on ``raw``); said, counted and journaled. A run an
+        operator cleared is recorded, said and journaled as ``cleared``, not counted lost."""
+        lost = self._cleared(lost)
         if not self.store.mark_lost(lost.lane, raw, lost.record, task_id=lost.task_id,
                                     heavy=lost.heavy):
+            return
+        if lost.cleared:
+            logger.warning("lane %s: run %s cleared %s", lost.lane, lost.task_id, lost.why)
+            self.store.log(self.keys.journal, {
+                "ev": lifecycle.CLEARED, "lane": lost.lane, "task": lost.task_id,
+                "fence": lost.fence, "t": time.time()})
             return
         logger.error("lane %s: run %s lost (%s, no end recorded; its worker died?)",
                      lost.lane, lost.task_id, lost.why)

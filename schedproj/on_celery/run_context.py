@@ -53,6 +53,15 @@ class RunContext:
     #: while the renewer thread is still blocked in a call.
     lease_ttl_s: float | None = None
     renewed_at: float | None = None
+    #: An operator asked this run to stop (``schedproj clear-lease --stop``): it yields at its
+    #: next checkpoint, reports its backlog and releases the lease as a normal yield.
+    stop_asked: bool = False
+
+    def ask_to_stop(self, reason: str) -> None:
+        """Yield at the next checkpoint for ``reason`` (the yield's reason); the lease is not
+        lost, so it is released normally when the run ends."""
+        self.lost_reason = self.lost_reason or reason
+        self.stop_asked = True
 
     def flag_lost(self, reason: str) -> None:
         """The run lost its lease or its mark: it stops at its next checkpoint. The first
@@ -61,10 +70,11 @@ class RunContext:
         self.lost.set()
 
     def should_yield(self) -> bool:
-        """True once the hold cap is reached, the lease is lost, or a waiting heavy lane
-        presses (:func:`core.pressure.yield_reason` on the pressure of the last renewal):
-        stop at this checkpoint. Once True, it stays True for this run."""
-        if self.yield_seen or self.lost.is_set():
+        """True once the hold cap is reached, the lease is lost, an operator asked the run to
+        stop, or a waiting heavy lane presses (:func:`core.pressure.yield_reason` on the
+        pressure of the last renewal): stop at this checkpoint. Once True, it stays True for
+        this run."""
+        if self.yield_seen or self.lost.is_set() or self.stop_asked:
             self.yield_seen = True
             return True
         if (self.lease_ttl_s is not None and self.renewed_at is not None
