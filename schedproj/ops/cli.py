@@ -455,42 +455,39 @@ def run_now(lane: str) -> None:
 
 @main.command(name="clear-lease")
 @click.option("-A", "--app", "app_name", default=DEFAULT_APP, show_default=True,
-              help="Celery app used to ask the workers whether the holder still runs.")
+              help="Celery app used to reach the holder's worker.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1), default=3.0,
-              show_default=True, help="How long to wait for workers' replies.")
-def clear_lease(app_name: str, timeout_s: float) -> None:
-    """Free the heavy lease, only when its holder is provably gone: no worker reports its
-    task as active or reserved. A live holder is never cut off."""
+              show_default=True, help="How long to wait for the holder's worker to answer.")
+@click.option("--stop", "how", flag_value="stop",
+              help="Ask the holder to yield at its next checkpoint; wait until it has.")
+@click.option("--terminate", "how", flag_value="terminate",
+              help="Revoke the holder with terminate on its worker (confirmed by the worker); "
+                   "wait until its lease expired.")
+@click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=60.0,
+              show_default=True, help="How long --stop/--terminate wait for the lease to free.")
+def clear_lease(app_name: str, timeout_s: float, how: str | None, wait_s: float) -> None:
+    """Free the heavy lease, never while its holder may still run: a run not started yet is
+    cleared at once; a started one only when its own worker says it no longer runs it
+    (--stop and --terminate ask the holder to end first)."""
+    from schedproj.ops.lease_clearing import LeaseClearer, Refused
     from schedproj.store.lease import HeavyLease
 
     settings, client, keys = _state_handles()
     lease = HeavyLease(client, keys)
     with _reaching(settings):
         current = lease.read()
-    if current is None:
-        click.echo("the lease is free")
-        return
-    app = _load_app(app_name, None)
-    inspect = app.control.inspect(timeout=timeout_s)
-    replies = [inspect.active() or {}, inspect.reserved() or {}]
-    if not any(replies):
-        raise click.ClickException(
-            "no worker answered; cannot prove the holder is gone. The lease frees itself "
-            f"within {settings.lease_ttl_s:g}s of its holder dying; retry once workers answer")
-    for reply in replies:
-        for worker, tasks in reply.items():
-            if any(t.get("id") == current.task_id for t in tasks):
-                raise click.ClickException(
-                    f"worker {worker} is running the holder ({current.lane}, task "
-                    f"{current.task_id}); not clearing. Stop it first: celery -A {app_name} "
-                    f"control revoke --terminate {current.task_id}")
-    if lease.release(current.token):
+        if current is None:
+            click.echo("the lease is free")
+            return
+        app = _load_app(app_name, None)
+        clearer = LeaseClearer(lease=lease, control=app.control, timeout_s=timeout_s,
+                               wait_s=wait_s, say=click.echo, lease_ttl_s=settings.lease_ttl_s)
+        try:
+            said = getattr(clearer, how or "clear")(current)
+        except Refused as exc:
+            raise click.ClickException(str(exc)) from None
         client.lpush(keys.wake, "clear-lease")
-        click.echo(f"cleared the lease held by {current.lane} (fence {current.fence}); its "
-                   "late writes are refused by the fencing number")
-    else:
-        click.echo("the lease changed meanwhile; nothing cleared")
-
+    click.echo(said)
 
 
 @main.command()
