@@ -303,7 +303,11 @@ def test_no_secret_in_a_command_line_and_beat_starts_without_an_error(
                             info["Config"].get("Entrypoint")])
         assert not [s for s in secrets if s in shown], f"{row['Name']}: {shown}"
     logs = deployment.compose("logs", "--no-color", "beat", timeout=60).stdout
-    assert " ERROR" not in logs and "status page refused" not in logs, logs[-3000:]
+    # A first start on an empty Redis says so (beat cannot tell it from a state loss; see
+    # `schedproj init`); nothing else at start is an error, the status page included.
+    errors = [line for line in logs.splitlines()
+              if ": ERROR/" in line and "state loss:" not in line]
+    assert not errors and "status page refused" not in logs, errors
     assert deployment.redis().ping()  # with the password; without it Redis refuses
     anonymous = redis.Redis(host="127.0.0.1", port=deployment.redis_port, socket_timeout=5)
     with pytest.raises(redis.AuthenticationError):
