@@ -876,3 +876,16 @@ def test_a_family_gate_blocks_whichever_member_is_busy() -> None:
         assert deferrals(decision) == {"consumer": (DEPENDENCY, "fam")}, busy
     idle = {m.name: ran(MIN) for m in members} | {"consumer": ran(2 * HOUR)}
     assert decide([gated, *members], idle, None, NOW).also_dispatched == ("consumer",)
+
+
+def test_the_next_due_time_is_exact_below_a_second() -> None:
+    assert next_due([DREAM], {"dream": ran(HOUR - 0.25)}) == pytest.approx(0.25)
+
+
+def test_the_next_due_time_takes_the_backlog_the_due_check_reported() -> None:
+    # The record still says 3 items behind, but this tick's due-check found none: the lane is
+    # due by time only, not at once.
+    states = {"dream": ran(45 * MIN, backlog=3)}
+    decision = decide([DREAM], states, None, NOW, probes={"dream": 0})
+    assert not decision.views["dream"].due
+    assert seconds_until_next_due(decision.views, states, NOW) == pytest.approx(15 * MIN)
