@@ -213,12 +213,13 @@ def test_next_look_is_the_instant_the_lane_falls_due(spec: LaneSpec, st_: LaneSt
     (lane(backlog_driven=True), state(), 0.0),                # its first run measures it
     (lane(), state(T - 5, backlog=3), T - 5),                 # backlog: due since its run
     (lane(), state(T + 20, backlog=3), T),                    # ... never later than now
+    (lane(), state(since=T - 60, backlog=1), 0.0),            # a new member with backlog
     (lane(backlog_driven=True), state(T - 5), NEVER),         # no backlog: never by time
     (lane(cadence_s=60.0), state(-10_000.0), 0.0),            # long overdue: not below 0
     (lane(backlog_driven=True, retry_after_failure_s=60.0, retry_window_s=120.0),
      state(T - 5, last_outcome=Outcome.FAILED), T + 55),      # ... but a retry is
 ], ids=["never-ran", "backlog-driven-never-ran", "backlog", "backlog-future-run",
-        "backlog-driven-idle", "long-overdue", "backlog-driven-retry"])
+        "new-member-with-backlog", "backlog-driven-idle", "long-overdue", "backlog-driven-retry"])
 def test_next_look_of_lanes_due_by_backlog_or_never_by_time(
         spec: LaneSpec, st_: LaneState, expected: float) -> None:
     assert next_look(spec, st_, T) == expected
