@@ -206,6 +206,31 @@ elif SCENARIO == "partition":
             if not accepted:
                 raise LeaseLost(f"fence {self.fence} refused at step {step}")
 
+elif SCENARIO == "clear-lease":
+    # Issue 19 (1): a long heavy run that checks should_yield() between steps, the holder
+    # schedproj clear-lease must never cut off, and a light lane beside it.
+    CLEAR_STEP_S = 0.5
+
+    @shared_task(base=LaneTask, bind=True, name="e2e.clear-long",
+                 lane=Lane(cadence_s=1, kind=LaneKind.HEAVY, order=10))
+    def clear_long(self: LaneTask) -> None:
+        start = time.time()
+        client().rpush(f"{PREFIX}:e2e:started", json.dumps(
+            {"lane": "e2e.clear-long", "start": start, "fence": self.fence,
+             "pid": os.getpid()}))
+        steps = int(os.environ.get("E2E_CLEAR_STEPS", "80"))
+        done = 0
+        while done < steps and not self.should_yield():
+            time.sleep(CLEAR_STEP_S)
+            done += 1
+        self.report_backlog(steps - done)
+        record("e2e.clear-long", start, self.fence, left=steps - done, pid=os.getpid())
+
+    @shared_task(base=LaneTask, bind=True, name="e2e.clear-pulse",
+                 lane=Lane(cadence_s=1, kind=LaneKind.LIGHT, order=20))
+    def clear_pulse(self: LaneTask) -> None:
+        sleeper(self, "e2e.clear-pulse", 0.01)
+
 elif SCENARIO == "pressure":
     # Pressure-aware yielding (issue 14): a hog whose run would hold the lease 20 s, checking
     # should_yield() every 0.2 s, and a 2-second lane that waits behind it.
