@@ -422,3 +422,18 @@ def test_a_real_worker_on_the_apps_own_queue_runs_an_ordinary_task(
     # Celery's banner masks the password field even when there is none.
     assert f"transport:   redis://:**@{_SERVER.hostname}:{_SERVER.port}/12" in banner, banner
     assert "BrokerTransport" not in banner
+
+
+def test_a_real_lane_worker_accepting_pickle_exits_naming_both(
+        shop_module: str, tmp_path: Path) -> None:
+    module = tmp_path / f"{shop_module}.py"
+    module.write_text(module.read_text() + "app.conf.accept_content = ['json', 'pickle']\n")
+    # C_FORCE_ROOT: Celery itself refuses pickle under root before schedproj is asked.
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}", "C_FORCE_ROOT": "1"}
+    out = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", shop_module, "worker", "-Q", "light", "-P",
+         "solo", "--without-mingle", "--without-gossip"], env=env, cwd=tmp_path,
+        capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert ("cannot start worker: accept_content ['json', 'pickle'] accepts 'pickle' on a "
+            "worker consuming lane queue(s) ['light']") in out.stderr
