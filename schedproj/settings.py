@@ -105,11 +105,6 @@ class Settings(BaseSettings):
     )
     lease_ttl_s: float = Field(default=defaults.LEASE_TTL_S, gt=0)
     start_deadline_s: float = Field(default=defaults.START_DEADLINE_S, gt=0)
-    test_freeze_before_send_s: float = Field(
-        default=0.0, ge=0,
-        description="Test hook, never for production: beat stalls this long between recording "
-        "a dispatch and sending it (the chaos run's beat-freeze fault).",
-    )
     state_loss_quarantine_s: float | None = Field(
         default=None, gt=0,
         description="After Redis lost state (restart, failover), no heavy lease is granted for "

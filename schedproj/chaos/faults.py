@@ -237,7 +237,7 @@ def _block_redis(sc: Scene) -> None:
 def _freeze_beat(sc: Scene) -> None:
     """A beat stalls between recording its dispatch and publishing it, past its lock; another
     takes over and dispatches; the stalled one then publishes. Its messages must run nothing."""
-    frozen = sc.fleet.spawn("beat", SCHEDPROJ_TEST_FREEZE_BEFORE_SEND_S=repr(FREEZE_S))
+    frozen = sc.fleet.spawn("beat", freeze_before_send_s=FREEZE_S)
     for beat in sc.fleet.live("beat"):
         if beat is not frozen:
             beat.signal(signal.SIGKILL)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from schedproj.chaos.audit import LOCK_DIR_ENV
+from schedproj.chaos.scheduler import FREEZE_ENV, FREEZING_SCHEDULER
 from schedproj.devtools.processes import Spawned, spawn, stop_all
 
 PREFIX = "chaos"
@@ -51,7 +52,9 @@ class Fleet:
     children: list[Child] = field(default_factory=list)
     serial: int = 0
 
-    def spawn(self, role: str, **extra_env: str) -> Child:
+    def spawn(self, role: str, *, freeze_before_send_s: float = 0.0, **extra_env: str) -> Child:
+        """Start a child of ``role``; a beat with ``freeze_before_send_s`` is the frozen beat
+        of the beat-freeze fault (:class:`schedproj.chaos.scheduler.FreezingScheduler`)."""
         self.serial += 1
         name = f"{role}{self.serial}"
         base = [sys.executable, "-m", "celery", "-A", "schedproj.app"]
@@ -60,8 +63,11 @@ class Fleet:
                       "--without-gossip", "--without-mingle", "-l", "info"],
             "light": [*base, "worker", "-Q", "light", "-c", "2", "-n", f"{name}@%h",
                       "--without-gossip", "--without-mingle", "-l", "info"],
-            "beat": [*base, "beat", "-S", "fair", "-l", "info"],
+            "beat": [*base, "beat", "-S",
+                     FREEZING_SCHEDULER if freeze_before_send_s else "fair", "-l", "info"],
         }[role]
+        if freeze_before_send_s:
+            extra_env = {**extra_env, FREEZE_ENV: repr(freeze_before_send_s)}
         started = spawn(name, argv, {**self.env, **extra_env}, self.logdir / f"{name}.log")
         child = Child(started.name, started.popen, started.log, role=role)
         self.children.append(child)

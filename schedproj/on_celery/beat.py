@@ -86,7 +86,7 @@ class BeatEngine:
 
 
 def stall_before_send(seconds: float) -> Callable[[Plan], None]:
-    """The chaos run's beat-freeze fault (``test_freeze_before_send_s``): stall between
+    """The chaos run's beat-freeze fault (``schedproj.chaos.scheduler``): stall between
     recording a dispatch and sending it, as a SIGSTOP or a long GC pause would."""
     def stall(plan: Plan) -> None:
         if plan.sends:
@@ -159,8 +159,6 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
 
     def dispatch_seams(self, settings: Settings) -> dict[str, Callable[[Plan], None]]:
         """Seams the dispatch path leaves open (tests and fault runs override this)."""
-        if settings.test_freeze_before_send_s:
-            return {"before_send": stall_before_send(settings.test_freeze_before_send_s)}
         return {}
 
     def send_entry(self, entry: LaneEntry) -> None:

@@ -47,11 +47,15 @@ def test_a_stall_between_recording_and_sending_finds_everything_recorded_and_not
     sched.close()
 
 
-def test_the_plain_scheduler_stalls_only_when_the_fault_run_asks(key_prefix: str,
-                                                                 broker: redis.Redis) -> None:
+def test_the_plain_scheduler_stalls_only_when_the_fault_run_asks(
+        key_prefix: str, broker: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
     plain = FairScheduler(app=build(key_prefix, three_lanes))
     assert plain.dispatch_seams(plain.settings) == {}
-    frozen = FairScheduler(app=build(key_prefix, three_lanes, test_freeze_before_send_s=2.5))
+    # The fault run's frozen beat is a subclass of its own (no production setting stalls).
+    from schedproj.chaos.scheduler import FREEZE_ENV, FreezingScheduler
+
+    monkeypatch.setenv(FREEZE_ENV, "2.5")
+    frozen = FreezingScheduler(app=build(key_prefix, three_lanes))
     assert set(frozen.dispatch_seams(frozen.settings)) == {"before_send"}
     plain.close()
     frozen.close()
