@@ -71,11 +71,12 @@ def blocker_views(lanes: Collection[LaneSpec], states: Mapping[str, LaneState],
     enabled under ``profile``: never due (they will not be dispatched), yet running while
     they run — a heavy one while it holds the lease, a light one while its mark is fresh —
     so a gate on them still holds its consumer back. A light blocker whose record could not
-    be read at all may be running: it counts as running (the gate only defers, boundedly)."""
+    be read at all may be running: it counts as running (the gate only defers, boundedly).
+    A member of a family a gate names is such a blocker too: the family runs while it runs."""
     named = {g.blocker for s in lanes if s.name in views for g in s.gates}
     out: dict[str, LaneView] = {}
     for spec in lanes:
-        if (spec.name in named and spec.name not in views
+        if ((spec.name in named or spec.family in named) and spec.name not in views
                 and enabled_under(profile, spec.deployment)):
             view = view_lane(spec, states.get(spec.name, LaneState()), lease, now,
                              grace_s=grace_s)
@@ -105,10 +106,10 @@ def decide(
     run counts as in flight ``inflight_grace_s`` past its mark (see ``views.is_in_flight``)."""
     specs = eligible(lanes, states, profile, excluded={*unreadable, *paused})
     views = view_all(specs, states, lease, now, probes or {}, forced, inflight_grace_s)
-    gate_views = {**gates.family_views(views, {g.blocker for s in specs for g in s.gates}),
-                  **blocker_views(lanes, states, lease, now, profile, views, unreadable,
-                                  inflight_grace_s),
-                  **views}
+    held_back = blocker_views(lanes, states, lease, now, profile, views, unreadable,
+                              inflight_grace_s)
+    named = {g.blocker for s in specs for g in s.gates}
+    gate_views = {**gates.family_views({**held_back, **views}, named), **held_back, **views}
     candidates = [v for v in views.values() if v.due and not v.in_flight]
 
     def sched(name: str) -> SchedRecord:

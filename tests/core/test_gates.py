@@ -157,6 +157,27 @@ def test_a_family_gate_holds_its_consumer_whichever_member_is_busy() -> None:
     assert {d.lane for d in hot.deferred} == {"busy", "behind"}
 
 
+@pytest.mark.parametrize("left_out", ["paused", "unreadable"])
+def test_a_paused_or_unreadable_family_member_that_runs_still_holds_the_family_gate(
+        left_out: str) -> None:
+    """A member left out of the tick (paused by an operator, or its record unreadable) is
+    still running while it holds the lease: the family runs, so a consumer gated on the
+    family waits, exactly as it does while the member is not paused."""
+    member = LaneSpec(name="fam[a]", task_name="fam", kind=LaneKind.HEAVY, cadence_s=3600.0,
+                      family="fam", order=1)
+    gated = LaneSpec(name="consumer", task_name="consumer", kind=LaneKind.LIGHT,
+                     cadence_s=60.0, order=2, gates=(Gate("fam", BUSY),))
+    lease = LeaseView(lane="fam[a]", token="t", fence=1, granted_at=NOW - 5,
+                      started_at=NOW - 4)
+    states = {"fam[a]": LaneState(run=RunRecord(last_run_at=NOW - 10)),
+              "consumer": LaneState(run=RunRecord(last_run_at=NOW - 600))}
+    running = decide([member, gated], states, lease, NOW)
+    assert running.dispatched == () and [d.blocker for d in running.deferred] == ["fam"]
+    left = decide([member, gated], states, lease, NOW, **{left_out: {"fam[a]"}})
+    assert left.dispatched == ()
+    assert [(d.lane, d.blocker) for d in left.deferred] == [("consumer", "fam")]
+
+
 # -- evaluate: the first gate that defers, and the bound ---------------------------------------
 
 
