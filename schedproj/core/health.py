@@ -11,9 +11,16 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
+from schedproj.core.due import due_at
 from schedproj.core.lanes import LaneSpec, Profile, enabled_under, queue_for
 from schedproj.core.records import LaneState, LeaseView
 from schedproj.core.views import view_lane
+
+#: A lane due this long (seconds) with no dispatch, no deferral recorded and no pause is
+#: "undispatched": scheduling stopped for it, whatever the cause (beat frozen or gone, its lock
+#: held by a stranger, a broken key, a lost index). Longer than a beat failover (the lock TTL)
+#: plus the quarantine after a state loss, so a recovery that works is never flagged.
+UNDISPATCHED_AFTER_S = 60.0
 
 
 class Posture(StrEnum):
@@ -22,7 +29,9 @@ class Posture(StrEnum):
     #: Nothing has waited past the threshold and the lease is within its hold cap.
     HEALTHY = "healthy"
     #: A lane (heavy or light, deferred behind the lease, a gate or the pick) has waited
-    #: undispatched past the threshold, or the lease is held past the hold cap.
+    #: undispatched past the threshold, or the lease is held past the hold cap, or a lane has
+    #: been due past :data:`UNDISPATCHED_AFTER_S` with beat neither dispatching nor deferring
+    #: it.
     DEGRADED = "degraded"
     #: State could not be read (or no lanes): no verdict.
     UNKNOWN = "unknown"
@@ -59,6 +68,8 @@ class LaneHealth:
     deferral_reason: str | None
     deferral_blocker: str | None
     deferred_for_s: float | None
+    #: Due since then with no dispatch, deferral or pause (None: not due, or beat acted).
+    due_since: float | None = None
 
 
 @dataclass(frozen=True)
@@ -71,12 +82,15 @@ class Health:
     starving: tuple[str, ...]
     lease_over_cap: bool
     unreadable: tuple[str, ...]
+    #: Lanes due past :data:`UNDISPATCHED_AFTER_S` that beat never acted on (see
+    #: ``LaneHealth.due_since``).
+    undispatched: tuple[str, ...] = ()
 
     @property
     def posture(self) -> Posture:
         if self.unreadable or not self.lanes:
             return Posture.UNKNOWN
-        if self.starving or self.lease_over_cap:
+        if self.starving or self.lease_over_cap or self.undispatched:
             return Posture.DEGRADED
         return Posture.HEALTHY
 
@@ -116,9 +130,13 @@ def assess(
     starvation_threshold_s: float,
     hold_cap_s: float,
     unreadable: Collection[str] = (),
+    beat_since: float | None = None,
+    undispatched_after_s: float = UNDISPATCHED_AFTER_S,
 ) -> Health:
-    """Every gauge the status table, the metrics and the watchdog report."""
-    lanes = tuple(_lane_health(s, states.get(s.name, LaneState()), lease, now, profile)
+    """Every gauge the status table, the metrics and the watchdog report. ``beat_since``: when
+    the active beat took over (a lane due from before is judged from then)."""
+    lanes = tuple(_lane_health(s, states.get(s.name, LaneState()), lease, now, profile,
+                               beat_since)
                   for s in sorted(specs, key=lambda s: s.sort_key))
     blockers = {h.name: h.deferral_blocker for h in lanes if h.deferral_reason is not None}
     chain = deferral_chain(blockers)
@@ -135,19 +153,34 @@ def assess(
         gauge = LeaseGauge(holder=lease.lane, fence=lease.fence, granted_at=lease.granted_at,
                            started_at=lease.started_at, held_s=max(0.0, now - since))
         over_cap = lease.started_at is not None and gauge.held_s > hold_cap_s
+    bad = set(unreadable)
+    undispatched = tuple(h.name for h in lanes if h.due_since is not None
+                         and now - h.due_since >= undispatched_after_s and h.name not in bad)
     return Health(now=now, lease=gauge, chain_depth=max(0, len(chain) - 1), chain=chain,
                   lanes=lanes, starving=starving, lease_over_cap=over_cap,
-                  unreadable=tuple(sorted(unreadable)))
+                  unreadable=tuple(sorted(unreadable)), undispatched=undispatched)
+
+
+def _due_since(spec: LaneSpec, state: LaneState, now: float,
+               beat_since: float | None) -> float | None:
+    """Since when the lane has been due with beat not acting on it: the latest of when it fell
+    due, beat's last dispatch of it and the active beat's start. Status must never compute
+    "due" from the records alone and call it healthy when beat never acted."""
+    since = max(due_at(spec, state, now), state.sched.last_dispatch_at or 0.0,
+                beat_since or 0.0)
+    return since if 0.0 < since <= now else None
 
 
 def _lane_health(spec: LaneSpec, state: LaneState, lease: LeaseView | None, now: float,
-                 profile: Profile) -> LaneHealth:
+                 profile: Profile, beat_since: float | None = None) -> LaneHealth:
     view = view_lane(spec, state, lease, now)
     run, sched = state.run, state.sched
     deferral = sched.deferral
+    enabled = enabled_under(profile, spec.deployment)
+    waiting = view.due and not view.in_flight and deferral is None and not sched.paused
     return LaneHealth(
         name=spec.name, kind=spec.kind.value, queue=queue_for(spec.kind),
-        deployment=spec.deployment.value, enabled=enabled_under(profile, spec.deployment),
+        deployment=spec.deployment.value, enabled=enabled,
         paused=sched.paused, cadence_s=spec.cadence_s, last_run_at=run.last_run_at,
         ratio=view.ratio, due=view.due,
         in_flight=view.in_flight, backlog=view.backlog,
@@ -157,4 +190,5 @@ def _lane_health(spec: LaneSpec, state: LaneState, lease: LeaseView | None, now:
         deferral_reason=deferral.reason.value if deferral else None,
         deferral_blocker=deferral.blocker if deferral else None,
         deferred_for_s=max(0.0, now - deferral.since) if deferral else None,
+        due_since=_due_since(spec, state, now, beat_since) if enabled and waiting else None,
     )

@@ -45,6 +45,7 @@ class Latch:
 
 def reasons_of(health: Health) -> tuple[str, ...]:
     out = [f"starving:{lane}" for lane in health.starving]
+    out += [f"undispatched:{lane}" for lane in health.undispatched]
     if health.lease_over_cap and health.lease is not None:
         out.append(f"lease-over-cap:{health.lease.holder}")
     out += [f"unreadable:{name}" for name in health.unreadable]

@@ -15,7 +15,7 @@ import redis
 
 from schedproj.core.errors import StateError
 from schedproj.core.families import member_spec, split_member
-from schedproj.core.health import Health, assess
+from schedproj.core.health import UNDISPATCHED_AFTER_S, Health, assess
 from schedproj.core.lanes import DeploymentClass, Gate, LaneKind, LaneSpec, Profile
 from schedproj.core.laneset import specs_from_registry
 from schedproj.core.pressure import Pressure, PressureYield, decode_yield
@@ -54,7 +54,8 @@ class Observation:
     family_sizes: dict[str, int] = field(default_factory=dict)
 
     def health(self, *, starvation_threshold_s: float | None = None,
-               hold_cap_s: float | None = None, profile: Profile | None = None) -> Health:
+               hold_cap_s: float | None = None, profile: Profile | None = None,
+               undispatched_after_s: float = UNDISPATCHED_AFTER_S) -> Health:
         reg = self.registry
         published = reg.get("profile")
         return assess(
@@ -65,6 +66,8 @@ class Observation:
             hold_cap_s=hold_cap_s or positive(reg.get("hold_cap_s"), 1800.0),
             unreadable=[k for k in self.errors if not k.startswith("<")]
             + (["<lease>"] if "<lease>" in self.errors else []),
+            beat_since=positive(self.beat.get("since"), 0.0) or None,
+            undispatched_after_s=undispatched_after_s,
         )
 
 

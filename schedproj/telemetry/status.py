@@ -101,6 +101,18 @@ def undeclared_line(lanes: list[str]) -> str:
             "each app its own SCHEDPROJ_KEY_PREFIX")
 
 
+def undispatched_json(health: Health) -> list[dict[str, Any]]:
+    """The lanes due past their bound that beat never acted on, and since when."""
+    since = {h.name: h.due_since for h in health.lanes}
+    return [{"lane": lane, "due_since": since[lane]} for lane in health.undispatched]
+
+
+def undispatched_line(now: float, lanes: list[dict[str, Any]]) -> str:
+    """One line naming the lanes scheduling stopped for (status and the page)."""
+    return ("UNDISPATCHED (due, never dispatched, deferred or paused; is beat running?): "
+            + ", ".join(f"{u['lane']} due since {_ago(now, u['due_since'])}" for u in lanes))
+
+
 def as_json(obs: Observation, health: Health, family: str | None = None) -> dict[str, Any]:
     return {
         "now": obs.now,
@@ -110,6 +122,7 @@ def as_json(obs: Observation, health: Health, family: str | None = None) -> dict
         "chain": list(health.chain),
         "undeclared_lanes": undeclared_lanes(obs),
         "starving": list(health.starving),
+        "undispatched": undispatched_json(health),
         "lease_over_cap": health.lease_over_cap,
         "lanes": [{**asdict(h), "state": lane_state_word(h),
                    "ratio": None if math.isinf(h.ratio) else h.ratio}
@@ -217,6 +230,8 @@ def render(obs: Observation, health: Health, family: str | None = None) -> Group
                  if w.get("stalled") else "no stall")
         lines.append(f"watchdog: {w.get('posture')} ({alarm}; checked "
                      f"{_ago(now, w.get('assessed_at'))})")
+    if health.undispatched:
+        lines.append(undispatched_line(now, undispatched_json(health)))
     undeclared = undeclared_lanes(obs)
     if undeclared:
         lines.append(f"problem: {undeclared_line(undeclared)}")

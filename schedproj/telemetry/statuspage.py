@@ -303,6 +303,9 @@ def facts(status: Mapping[str, Any]) -> list[tuple[str, str]]:
     out.append(("deferral chain", f"depth {status['chain_depth']}: "
                 + (" ← ".join(chain) if chain else "none")))
     out.append(("watchdog", _watchdog_text(status)))
+    out += [("UNDISPATCHED", f"{u['lane']}: due since {_duration(now - u['due_since'])} ago, "
+             "never dispatched, deferred or paused (is beat running?)")
+            for u in status.get("undispatched") or []]
     beat = status.get("beat") or {}
     out.append(("active beat", "none has run with this prefix" if not beat.get("host") else
                 f"{beat['host']} pid {beat.get('pid')} ("
