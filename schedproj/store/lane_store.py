@@ -16,7 +16,6 @@ import redis
 
 from schedproj.core import defaults
 from schedproj.core.errors import StateError
-from schedproj.core.families import member_lane
 from schedproj.core.records import LaneState, LeaseView, RunRecord, SchedRecord, decode, encode
 from schedproj.store import scripts
 from schedproj.store.lease import parse_lease
@@ -267,30 +266,25 @@ class LaneStore:
 
     def heal_derived(self, beat_token: str, lanes: Sequence[str], *, rescore: bool) -> bool:
         """Rebuild the due index and the changed set and stamp both afresh (``tick_heal.lua``):
-        ``lanes`` (declared lanes; family members are read here) are put in the index due for
-        a look now; with ``rescore`` every lane is (the index is rebuilt from nothing), else
-        only those missing. False if this beat no longer holds the lock."""
-        names = [*lanes, *self.family_members()]
-        done = self._heal(keys=[self.keys.beat_lock, self.keys.due, self.keys.changed,
-                                self.keys.due_stamp, self.keys.changed_stamp],
-                          args=[beat_token, STAMP_MEMBER, "1" if rescore else "0", *names])
+        ``lanes`` (the declared lanes) and every family member (read in the script, atomically)
+        are put in the index due for a look now; with ``rescore`` every lane is (the index is
+        rebuilt from nothing), else only those missing. False if this beat no longer holds
+        the lock."""
+        k = self.keys
+        families = self.family_names()
+        done = self._heal(keys=[k.beat_lock, k.due, k.changed, k.due_stamp, k.changed_stamp,
+                                *(k.family(f) for f in families)],
+                          args=[beat_token, STAMP_MEMBER, "1" if rescore else "0",
+                                len(families), *families, *lanes])
         return int(done) == 1
 
-    def family_members(self) -> list[str]:
-        """Every family member's lane name, from the family sets (a set of the wrong type
-        reads as empty: its members are not indexed until it is fixed)."""
+    def family_names(self) -> list[str]:
+        """The families with members (a set of the wrong type reads as none: their members
+        are not indexed until it is fixed)."""
         try:
-            families = sorted(str(f) for f in self.client.smembers(self.keys.families))
+            return sorted(str(f) for f in self.client.smembers(self.keys.families))
         except redis.ResponseError:
             return []
-        pipe = self.client.pipeline(transaction=False)
-        for family in families:
-            pipe.smembers(self.keys.family(family))
-        lanes: list[str] = []
-        for family, got in zip(families, pipe.execute(raise_on_error=False), strict=True):
-            if not isinstance(got, Exception):
-                lanes += [member_lane(family, str(key)) for key in sorted(got)]
-        return lanes
 
     def ensure_indexed(self, lanes: Sequence[str]) -> None:
         """Put lanes missing from the due index in it, due for a look now (a beat's first

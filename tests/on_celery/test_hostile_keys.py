@@ -11,8 +11,10 @@ import redis
 from celery import Celery
 
 from schedproj import Lane, LaneKind, LaneTask
+from schedproj.core.families import LaneFamily
 from schedproj.core.records import Outcome, RunRecord
 from schedproj.on_celery.beat import FairScheduler
+from schedproj.store.families import FamilyStore
 from schedproj.store.protocol import STAMP_MEMBER, Keys
 from tests.conftest import make_app, sent
 
@@ -190,4 +192,28 @@ def test_a_broken_key_stops_at_most_what_depends_on_it(
         assert len([s for s in said if "Fix" in s or "rebuilt" in s]) <= 1, "said more than once"
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == len(set(errors)), f"an error said every tick: {errors}"
+    sched.close()
+
+
+def test_family_members_are_indexed_again_and_removed_ones_are_not(
+        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis) -> None:
+    def declare(app: Celery) -> None:
+        two_lanes(app)
+
+        @app.task(shared=False, base=LaneTask, name="k.fam",
+                  lane=LaneFamily(cadence_s=3600, kind=LaneKind.LIGHT))
+        def fam(key: str) -> None: ...
+
+    keys = Keys(key_prefix)
+    sched = FairScheduler(app=make_app(key_prefix, declare, beat_max_loop_interval_s=0.2,
+                                       wake_on_release=False))
+    family = FamilyStore(redis_client, keys)
+    family.add("k.fam", ["a", "b"])
+    sched.tick()
+    family.remove("k.fam", ["b"])
+    redis_client.delete(keys.due)
+    sched.tick()
+    assert heals(redis_client, keys, "due") == 1
+    assert redis_client.zscore(keys.due, "k.fam[a]") is not None
+    assert redis_client.zscore(keys.due, "k.fam[b]") is None
     sched.close()

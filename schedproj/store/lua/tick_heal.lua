@@ -1,10 +1,13 @@
 -- Rebuild the derived keys beat keeps beside the lane records: the due index and the changed
 -- set (see tick_read.lua for how a broken one is detected). Only for the beat holding the lock.
 -- KEYS[1] beat lock, KEYS[2] due index, KEYS[3] changed set, KEYS[4] due stamp,
--- KEYS[5] changed stamp. ARGV[1] beat token, ARGV[2] stamp member, ARGV[3] '1': every lane
--- is due for a look now (the index is rebuilt from nothing: beat re-reads every record and
--- writes each lane's next look) or '0': lanes missing from the index are added due now, the
--- others keep their scores; ARGV[4...] the lanes (declared lanes and family members).
+-- KEYS[5] changed stamp, KEYS[6...] the member sets of the families in ARGV[5...].
+-- ARGV[1] beat token, ARGV[2] stamp member, ARGV[3] '1': every lane is due for a look now (the
+-- index is rebuilt from nothing: beat re-reads every record and writes each lane's next look)
+-- or '0': lanes missing from the index are added due now, the others keep their scores;
+-- ARGV[4] n, the number of families, ARGV[5 .. 4+n] their names, then the declared lanes.
+-- Members are read here, atomically with the rebuild, so a member removed meanwhile is never
+-- indexed again (a member's lane is ``family[key]``, as ``core.families.member_lane``).
 -- A key of the wrong type is deleted first. Returns -1 if not the holder, else 1.
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
 local STAMP = ARGV[2]
@@ -21,13 +24,22 @@ end
 keep_if(KEYS[2], 'zset'); keep_if(KEYS[3], 'set')
 sane_counter(KEYS[4]); sane_counter(KEYS[5])
 if ARGV[3] == '1' then redis.call('DEL', KEYS[2]) end
+local lanes = {}
+local families = tonumber(ARGV[4])
+for i = 1, families do
+  local ok, keys = pcall(redis.call, 'SMEMBERS', KEYS[5 + i])
+  if ok then
+    for _, key in ipairs(keys) do lanes[#lanes + 1] = ARGV[4 + i] .. '[' .. key .. ']' end
+  end
+end
+for i = 5 + families, #ARGV do lanes[#lanes + 1] = ARGV[i] end
 local step = 1000
-for i = 4, #ARGV, step do
+for i = 1, #lanes, step do
   local args = {'ZADD', KEYS[2]}
   if ARGV[3] ~= '1' then args[#args + 1] = 'NX' end
   local n = 0
-  for j = i, math.min(i + step - 1, #ARGV) do
-    args[#args + 1] = 0; args[#args + 1] = ARGV[j]; n = n + 1
+  for j = i, math.min(i + step - 1, #lanes) do
+    args[#args + 1] = 0; args[#args + 1] = lanes[j]; n = n + 1
   end
   if n > 0 then redis.call(unpack(args)) end
 end
