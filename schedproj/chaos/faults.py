@@ -28,7 +28,7 @@ from schedproj.devtools.sentinel import LOCKOUT, SentinelSet
 from schedproj.store.protocol import Keys
 
 FAULTS = ("kill-heavy", "kill-beat", "pause-heavy", "restart-redis", "block-redis",
-          "lose-redis-mid-run", "freeze-beat", "restart-redis-under-light")
+          "lose-redis-mid-run", "freeze-beat", "restart-redis-under-light", "corrupt-derived")
 #: Faults after which Redis holds none of the state it had (restarted without persistence).
 STATE_LOSSES = ("restart-redis", "lose-redis-mid-run", "restart-redis-under-light")
 #: The fault kind of a run on a Sentinel set: a failover to a lagging replica.
@@ -44,7 +44,15 @@ RECOVERY_AFTER_S = {
     **dict.fromkeys((*STATE_LOSSES, FAILOVER), 4 / 3 * LEASE_TTL_S + LOOP_S),
     # Redis resumed after the beat lock may have lapsed: a beat takes it again.
     "block-redis": BEAT_LOCK_TTL_S + LOOP_S,
+    # A derived key damaged: the documented heal time (docs/architecture.md), beat's next tick.
+    "corrupt-derived": LOOP_S,
 }
+#: How the derived-key fault damages the due index and the changed set, in turn (both each
+#: time): deleted, replaced by a wrong type, or (the index) restored from a copy 2 s older.
+DUE_DAMAGE = ("delete", "wrong-type", "restore-older")
+CHANGED_DAMAGE = ("delete", "wrong-type")
+#: How much older the restored copy of the due index is (seconds).
+RESTORE_AGE_S = 2.0
 #: How often a fault looks again at what it waits for (each look reads the journal).
 POLL_S = 0.05
 #: How long the beat-freeze fault stalls a beat between recording and sending: past its lock.
@@ -89,6 +97,8 @@ class Figures:
     failover_methods: Counter[str] = field(default_factory=Counter)
     promotion_s: list[float] = field(default_factory=list)
     replica_behind: list[int] = field(default_factory=list)
+    #: How each derived key was damaged (``due:delete``, ``changed:wrong-type``, ...).
+    derived_damage: Counter[str] = field(default_factory=Counter)
     #: (began, fault kind, ended) of every fault injected.
     log: list[tuple[float, str, float]] = field(default_factory=list)
 
@@ -253,6 +263,31 @@ def _freeze_beat(sc: Scene) -> None:
     sc.fleet.spawn("beat")
 
 
+def _corrupt_derived(sc: Scene) -> None:
+    """Damage the due index and the changed set mid-run, as an operator's stray command or a
+    partial restore would: beat must see it at its next tick and rebuild both from the lane
+    records, so no lane waits past its bound beyond that (the audit's gaps)."""
+    n, keys = sc.figures.kills["corrupt-derived"], Keys(PREFIX)
+    due, changed = DUE_DAMAGE[n % len(DUE_DAMAGE)], CHANGED_DAMAGE[n % len(CHANGED_DAMAGE)]
+    try:
+        client = sc.state_client()
+        old = client.dump(keys.due) if due == "restore-older" else None
+        if old is not None:
+            time.sleep(RESTORE_AGE_S)
+            client.restore(keys.due, 0, old, replace=True)
+        elif due in ("delete", "wrong-type"):
+            client.delete(keys.due)
+            if due == "wrong-type":
+                client.set(keys.due, "garbage")
+        client.delete(keys.changed)
+        if changed == "wrong-type":
+            client.hset(keys.changed, "garbage", "1")
+    except redis.RedisError:
+        return
+    sc.figures.kills["corrupt-derived"] += 1
+    sc.figures.derived_damage.update((f"due:{due}", f"changed:{changed}"))
+
+
 def _failover(sc: Scene) -> None:
     """The Sentinel set fails over to a replica that lags: it is locked out of the master,
     the master takes the latest writes (a new grant if one comes within a lease TTL) alone,
@@ -293,5 +328,6 @@ ACTIONS: dict[str, Callable[[Scene], None]] = {
     "kill-heavy": _kill_heavy, "pause-heavy": _pause_heavy, "kill-beat": _kill_beat,
     "restart-redis": _restart_redis, "block-redis": _block_redis,
     "lose-redis-mid-run": _lose_redis_mid_run, "freeze-beat": _freeze_beat,
-    "restart-redis-under-light": _restart_redis_under_light, FAILOVER: _failover,
+    "restart-redis-under-light": _restart_redis_under_light,
+    "corrupt-derived": _corrupt_derived, FAILOVER: _failover,
 }

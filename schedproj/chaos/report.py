@@ -63,6 +63,7 @@ def collect(audit_redis: RedisServer, figures: Figures, started: float,
         "os_overlaps_with_a_paused_holder": len(after_pause),
         "longest_wait_after_state_loss_s": longest_wait(entries, figures.losses),
         "faults": dict(figures.kills),
+        "derived_damage": dict(figures.derived_damage),
         "lease_recovery_after_kill_s": med_max(figures.lease_recovery_s),
         "beat_failover_s": med_max(figures.failover_s),
         "late_writes_refused": ledger.refused(),
@@ -140,6 +141,8 @@ def render(report: dict[str, Any], out: TextIO) -> None:
          f"{report.get('family_members')} / {report.get('member_runs')} / "
          f"{report.get('members_that_ran')}"),
         *((f"faults: {k}", v) for k, v in sorted(report["faults"].items())),
+        *((f"derived key damaged: {k}", v)
+          for k, v in sorted(report.get("derived_damage", {}).items())),
         ("state-loss faults (Redis restarted empty)", report.get("state_loss_faults")),
         *([("failovers by method", report["failover_methods"]),
            ("  ... to a replica lacking the latest writes",
