@@ -889,3 +889,22 @@ def test_the_next_due_time_takes_the_backlog_the_due_check_reported() -> None:
     decision = decide([DREAM], states, None, NOW, probes={"dream": 0})
     assert not decision.views["dream"].due
     assert seconds_until_next_due(decision.views, states, NOW) == pytest.approx(15 * MIN)
+
+
+def test_a_paused_blocker_whose_mark_just_lapsed_blocks_within_the_grace() -> None:
+    gated = light("consumer", gates=(Gate("producer", GateCondition.DUE_OR_RUNNING),))
+    stalled = ran(2 * HOUR, running_task_id="r", running_until=NOW - 5)
+    states = {"consumer": ran(2 * HOUR), "producer": stalled}
+    graced = decide([gated, light("producer")], states, None, NOW, paused={"producer"},
+                    inflight_grace_s=10)
+    assert deferrals(graced) == {"consumer": (DEPENDENCY, "producer")}
+    assert graced.gate_views["producer"].due is False
+    ungraced = decide([gated, light("producer")], states, None, NOW, paused={"producer"})
+    assert ungraced.also_dispatched == ("consumer",)
+
+
+def test_the_gates_see_only_the_families_a_gate_names() -> None:
+    members = [replace(light(f"{f}[a]"), family=f) for f in ("fam", "other")]
+    gated = light("consumer", gates=(Gate("fam"),))
+    decision = decide([gated, *members], {}, None, NOW)
+    assert "fam" in decision.gate_views and "other" not in decision.gate_views

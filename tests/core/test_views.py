@@ -159,3 +159,8 @@ def test_view_all_views_each_lane_with_its_own_probe_force_and_grace() -> None:
     assert views["c"].in_flight
     plain = view_all(lanes, states, None, NOW, {})
     assert not plain["a"].due and not plain["c"].in_flight
+
+
+def test_without_a_grace_a_run_is_in_flight_only_until_its_mark() -> None:
+    assert not is_in_flight(state(running="r", until=NOW - 0.5), NOW)
+    assert is_in_flight(state(running="r", until=NOW + 0.5), NOW)
