@@ -5,7 +5,7 @@ state loss, the narrowed plan of a refused grant, and how long beat may sleep.""
 from __future__ import annotations
 
 from schedproj.core.deferrals import Deferral
-from schedproj.core.lanes import DeferralReason, LaneKind, LaneSpec, Profile
+from schedproj.core.lanes import DeferralReason, DeploymentClass, LaneKind, LaneSpec, Profile
 from schedproj.core.picker import Policy
 from schedproj.core.pipeline import decide
 from schedproj.core.planner import Plan, Send, TickInput, plan_tick, quarantine
@@ -60,13 +60,23 @@ def test_a_plan_sends_the_winner_and_the_light_lanes_with_ids_and_deadlines() ->
 
 def test_a_plan_is_the_decision_of_the_same_input() -> None:
     tick = TickInput(states=states(), lease=None, paused={"h1"}, forced={"idle"},
-                     probes={"l1": 2}, inflight_grace_s=5.0)
+                     probes={"l1": 2}, inflight_grace_s=5.0, unreadable={"h2"})
     result = plan(tick)
     assert result.decision == decide(LANES, tick.states, None, NOW, Profile.LOCAL,
                                      probes={"l1": 2}, paused={"h1"}, forced={"idle"},
-                                     inflight_grace_s=5.0)
-    assert result.decision.winner == "h2"
+                                     inflight_grace_s=5.0, unreadable={"h2"})
+    assert result.decision.winner is None
     assert result.decision.also_dispatched == ("l1", "idle")
+
+
+def test_the_profile_reaches_the_decision() -> None:
+    local_only = LaneSpec(name="home", task_name="t.home", kind=LaneKind.HEAVY, cadence_s=HOUR,
+                          deployment=DeploymentClass.LOCAL_ONLY)
+    tick = TickInput(states={}, lease=None)
+    cloud = plan_tick([local_only], tick, NOW, profile=Profile.CLOUD, policy=Policy.STALENESS,
+                      start_deadline_s=1, task_id=str)
+    assert cloud.sends == {} and cloud.decision.views == {}
+    assert plan(tick, [local_only]).decision.winner == "home"
 
 
 def test_a_plan_without_a_heavy_winner_has_no_heavy_send() -> None:
