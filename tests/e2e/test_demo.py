@@ -58,6 +58,8 @@ def test_demo_starts_a_private_redis_when_none_answers() -> None:
                   "--short-sessions", "20")
     assert "starting a private Redis" in report["_stderr"]
     assert report["drained_to_idle"], report
+    # Its own Redis is a new deployment: no state-loss quarantine to wait out.
+    assert "state-loss-quarantine" not in report["deferrals_by_reason"], report
     private = report["redis"]
     assert private.startswith(("redis://127.0.0.1:", "redis+socket://"))
     assert private != default
