@@ -164,3 +164,6 @@ def test_view_all_views_each_lane_with_its_own_probe_force_and_grace() -> None:
 def test_without_a_grace_a_run_is_in_flight_only_until_its_mark() -> None:
     assert not is_in_flight(state(running="r", until=NOW - 0.5), NOW)
     assert is_in_flight(state(running="r", until=NOW + 0.5), NOW)
+    lapsed = state(running="r", until=NOW - 0.5)
+    assert not view_lane(spec(), lapsed, None, NOW).in_flight
+    assert not view_all((spec(),), {"a": lapsed}, None, NOW, {})["a"].in_flight
