@@ -15,6 +15,7 @@ Celery or pydantic (``LaneTask``, ``configure_app``, ``Settings``, ...) load on 
 from __future__ import annotations
 
 from importlib import import_module
+from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 from schedproj.core.errors import (
@@ -35,6 +36,12 @@ from schedproj.core.lanes import (
     Profile,
 )
 from schedproj.core.picker import Policy
+
+try:
+    #: The installed package's version: pyproject.toml's ``version`` is its one home.
+    __version__ = version("schedproj")
+except PackageNotFoundError:  # a bare checkout on PYTHONPATH, never installed
+    __version__ = "0+unknown"
 
 if TYPE_CHECKING:
     from schedproj.on_celery.task import LaneTask, current_run
@@ -77,6 +84,7 @@ __all__ = [
     "SchedprojError",
     "Settings",
     "StateError",
+    "__version__",
     "configure_app",
     "create_app",
     "current_run",
