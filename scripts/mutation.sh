@@ -15,8 +15,8 @@ MUTMUT=${MUTMUT:-$ROOT/.venv/bin/mutmut}
 PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
 MODULES=("$@")
 if [ ${#MODULES[@]} -eq 0 ]; then
-    MODULES=(codec deferrals dueindex families gates health lanes laneset lifecycle picker
-             pipeline planner pressure records views)
+    MODULES=(codec deferrals due dueindex families gates health lanes laneset lifecycle lostruns
+             picker pipeline planner pressure records views)
 fi
 for module in "${MODULES[@]}"; do
     [ -f "$ROOT/schedproj/core/$module.py" ] || { echo "no module schedproj/core/$module.py" >&2; exit 2; }
