@@ -36,7 +36,7 @@ from schedproj.on_celery.config import no_lanes_message, validate_or_exit, wait_
 from schedproj.on_celery.dispatch import Dispatcher, LaneEntry, PressurePublisher
 from schedproj.on_celery.due_checks import DueChecks, ErrorReporter
 from schedproj.on_celery.family_sync import FamilySync
-from schedproj.on_celery.key_health import KeyHealth
+from schedproj.on_celery.key_health import KeyHealth, wrong_typed
 from schedproj.on_celery.loss_recovery import LossRecovery, say_state_loss
 from schedproj.on_celery.runtime import Runtime, settings_for
 from schedproj.on_celery.tick_lanes import TickLanes
@@ -190,13 +190,26 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
             # A write refused (a key of the wrong type or garbage where a number belongs; the
             # reads name the key themselves): say so once per onset and keep running (no crash
             # loop); the operator fixes or deletes the key.
-            if str(exc) != self._refusal_said:
-                logger.error("scheduling error: Redis refused a command (%s); a schedproj key "
-                             "under prefix %r holds a value of the wrong type — inspect it "
-                             "with `schedproj status` and delete the bad key", exc,
-                             self.settings.key_prefix)
-            self._refusal_said = str(exc)
+            self._say_refused(exc)
             return REDIS_RETRY_S
+
+    def _say_refused(self, exc: redis.ResponseError) -> None:
+        """Name the key Redis's error does not: those holding the wrong type, with the fix;
+        once per onset (the same bad keys, or the same error when none is found)."""
+        try:
+            bad = wrong_typed(self.rt.store.client, self.rt.keys)
+        except redis.RedisError:
+            bad = {}
+        onset = repr(sorted(bad)) if bad else str(exc)
+        if onset == self._refusal_said:
+            return
+        self._refusal_said = onset
+        named = ", ".join(f"{key} (must be a {kind})" for key, kind in sorted(bad.items()))
+        fix = (f"delete it: `redis-cli DEL {' '.join(sorted(bad))}`" if bad else
+               "inspect the keys with `schedproj status` and delete the bad one")
+        logger.error("scheduling error: Redis refused a command (%s); %s under prefix %r holds "
+                     "a value of the wrong type — %s", exc, named or "a schedproj key",
+                     self.settings.key_prefix, fix)
 
     def apply_async(self, entry: ScheduleEntry, producer: Any = None, advance: bool = False,
                     **kwargs: Any) -> Any:

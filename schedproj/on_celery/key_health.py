@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
+import redis
+
 from schedproj.store.lane_store import LaneStore
 from schedproj.store.protocol import CounterKind, Keys, counter_field
 
@@ -26,6 +28,29 @@ STOPS = {
     "lanes": "no lane record can be read: nothing is dispatched",
     "beat:fence": "no message can be fenced: nothing is dispatched",
 }
+
+
+#: The Redis type each key beat reads or writes must have (``Keys`` attribute -> type).
+KEY_TYPES = {
+    "lanes": "hash", "lease": "string", "epoch": "string", "due": "zset", "changed": "set",
+    "paused": "set", "run_now": "set", "beat_lock": "string", "beat_fence": "string",
+    "due_stamp": "string", "changed_stamp": "string", "wake": "list", "pressure": "hash",
+    "counters": "hash", "dispatch_log": "list", "journal": "list", "errors": "hash",
+    "published_lanes": "string", "beat_info": "hash", "families": "set",
+    "lease_fence": "string",
+}
+
+
+def wrong_typed(client: redis.Redis, keys: Keys) -> dict[str, str]:
+    """Each key beat uses that holds another type than it must: key -> the type it must have.
+    One round trip; asked only after Redis refused a command (its error names no key)."""
+    names = {getattr(keys, attr): kind for attr, kind in KEY_TYPES.items()}
+    pipe = client.pipeline(transaction=False)
+    for key in names:
+        pipe.type(key)
+    found = pipe.execute()
+    return {key: kind for (key, kind), got in zip(names.items(), found, strict=True)
+            if str(got) not in (kind, "none")}
 
 
 class KeyHealth:
@@ -70,4 +95,4 @@ class KeyHealth:
         return key.removeprefix(self.keys.prefix + ":")
 
 
-__all__ = ["STOPS", "KeyHealth"]
+__all__ = ["KEY_TYPES", "STOPS", "KeyHealth", "wrong_typed"]

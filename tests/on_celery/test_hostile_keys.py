@@ -217,3 +217,22 @@ def test_family_members_are_indexed_again_and_removed_ones_are_not(
     assert redis_client.zscore(keys.due, "k.fam[a]") is not None
     assert redis_client.zscore(keys.due, "k.fam[b]") is None
     sched.close()
+
+
+@pytest.mark.parametrize("name", ["dispatch-log", "wake"])
+def test_a_refused_write_names_the_key_once(key_prefix: str, broker: redis.Redis,
+                                            redis_client: redis.Redis, name: str,
+                                            caplog: pytest.LogCaptureFixture) -> None:
+    """Redis's WRONGTYPE error names no key: beat finds and names it, once per onset."""
+    key = f"{key_prefix}:{name}"
+    sched = FairScheduler(app=make_app(key_prefix, two_lanes, beat_max_loop_interval_s=0.2,
+                                       wake_on_release=True))
+    redis_client.set(key, "garbage")
+    with caplog.at_level(logging.ERROR, logger="schedproj.beat"):
+        for _ in range(3):
+            assert isinstance(sched.tick(), float)
+    said = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(said) == 1, said
+    assert f"{key} (must be a list)" in said[0] and f"redis-cli DEL {key}" in said[0]
+    assert len(sent(broker, "light")) == 1
+    sched.close()
