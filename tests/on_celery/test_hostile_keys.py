@@ -9,6 +9,7 @@ import time
 import pytest
 import redis
 from celery import Celery
+from prometheus_client import CollectorRegistry, generate_latest
 
 from schedproj import Lane, LaneKind, LaneTask
 from schedproj.core.families import LaneFamily
@@ -16,6 +17,7 @@ from schedproj.core.records import Outcome, RunRecord
 from schedproj.on_celery.beat import FairScheduler
 from schedproj.store.families import FamilyStore
 from schedproj.store.protocol import STAMP_MEMBER, Keys
+from schedproj.telemetry.metrics import SchedprojCollector
 from tests.conftest import make_app, sent
 
 LIGHT, HEAVY = "k.light", "k.heavy"
@@ -73,6 +75,11 @@ def test_run_now_after_the_due_index_was_deleted_dispatches_and_the_heal_is_said
     said = [r.getMessage() for r in caplog.records if keys.due in r.getMessage()]
     assert len(said) == 1 and "rebuilt" in said[0], said
     assert redis_client.zscore(keys.due, LIGHT) is not None
+    registry = CollectorRegistry()
+    registry.register(SchedprojCollector(redis_client, keys, sched.settings,
+                                         tuple(sched.engine.lanes.lanes.specs)))
+    exported = generate_latest(registry).decode()
+    assert 'schedproj_derived_state_heals_total{key="due"} 1.0' in exported
     sched.close()
 
 
