@@ -40,7 +40,9 @@ apt_install() {
 }
 
 if [ "${1:-}" = "--demo" ]; then
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e .
+  # --no-compile: byte-compiling every dependency up front doubles the install time; the
+  # demo's processes compile only the modules they import, once.
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-compile -e .
   # The demo starts a private Redis from either (schedproj/devtools/embedded.py).
   if ! command -v redis-server >/dev/null 2>&1; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
