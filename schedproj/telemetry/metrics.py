@@ -95,6 +95,11 @@ class SchedprojCollector(Collector):
                                   "Longest chain of lanes deferred behind one another.")
         depth.add_metric([], health.chain_depth)
         yield depth
+        undispatched = GaugeMetricFamily(
+            "schedproj_undispatched_lanes", "Lanes due past their bound that beat neither "
+            "dispatched, deferred nor saw paused (scheduling stopped for them).")
+        undispatched.add_metric([], len(health.undispatched))
+        yield undispatched
         posture = GaugeMetricFamily("schedproj_posture", "Watchdog posture (1 = current).",
                                     labels=["posture"])
         for name in ("healthy", "degraded", "unknown"):

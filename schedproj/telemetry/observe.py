@@ -55,7 +55,7 @@ class Observation:
 
     def health(self, *, starvation_threshold_s: float | None = None,
                hold_cap_s: float | None = None, profile: Profile | None = None,
-               undispatched_after_s: float = UNDISPATCHED_AFTER_S) -> Health:
+               undispatched_after_s: float | None = None) -> Health:
         reg = self.registry
         published = reg.get("profile")
         return assess(
@@ -67,7 +67,7 @@ class Observation:
             unreadable=[k for k in self.errors if not k.startswith("<")]
             + (["<lease>"] if "<lease>" in self.errors else []),
             beat_since=positive(self.beat.get("since"), 0.0) or None,
-            undispatched_after_s=undispatched_after_s,
+            undispatched_after_s=undispatched_after_s or UNDISPATCHED_AFTER_S,
         )
 
 

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from unittest.mock import patch
 
 import pytest
 import redis
 from celery import Celery
+from prometheus_client import CollectorRegistry, generate_latest
 
 from schedproj import Lane, LaneKind, LaneTask
 from schedproj.core.health import Posture
@@ -18,6 +20,7 @@ from schedproj.on_celery.beat import FairScheduler
 from schedproj.ops.watchdog import step
 from schedproj.store.lane_store import Snapshot
 from schedproj.store.protocol import Keys
+from schedproj.telemetry.metrics import SchedprojCollector
 from schedproj.telemetry.observe import observe
 from schedproj.telemetry.status import as_json
 from tests.conftest import make_app, sent
@@ -93,6 +96,12 @@ def test_scheduling_stopped_any_way_raises_the_alarm(
     assert [u["lane"] for u in undispatched] == [LANE]
     assert time.time() - undispatched[0]["due_since"] >= BOUND_S
     assert event == "fired"
+    registry = CollectorRegistry()
+    registry.register(SchedprojCollector(redis_client, keys, sched.settings,
+                                         tuple(sched.engine.lanes.lanes.specs)))
+    with patch("schedproj.telemetry.observe.UNDISPATCHED_AFTER_S", BOUND_S):
+        exported = generate_latest(registry).decode()
+    assert "schedproj_undispatched_lanes 1.0" in exported
 
 
 def test_a_working_beat_raises_no_alarm(key_prefix: str, broker: redis.Redis,
