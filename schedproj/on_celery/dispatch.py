@@ -77,8 +77,8 @@ class Dispatcher:
                                                            d.reason.value)
                                              for d in plan.new_deferrals))
         except redis.ResponseError as exc:  # counters of the wrong type: dispatch goes on
-            self._say_refused("counters", exc, f"the deferral counters are not kept; delete "
-                              f"{self.rt.keys.counters} (`redis-cli DEL` it)")
+            self._say_refused("deferral counters", exc, "the deferral counters are not "
+                              f"kept; delete {self.rt.keys.counters} (`redis-cli DEL` it)")
         self._send_all(plan, snap, grant_kwargs)
         later = [look for look in looks.values() if look > plan.now]
         if snap.next_look is not None:
@@ -142,11 +142,11 @@ class Dispatcher:
             with contextlib.suppress(redis.ResponseError):
                 self.rt.lease.release(token)  # in case the script failed after granting
             k = self.rt.keys
-            self._say_refused("grant", exc, f"heavy lanes wait, light lanes run. Fix: inspect "
-                              f"{k.lease}, {k.lease_fence}, {k.counters} and {k.epoch} "
+            self._say_refused("heavy grant", exc, "heavy lanes wait, light lanes run. Fix: "
+                              f"inspect {k.lease}, {k.lease_fence}, {k.counters} and {k.epoch} "
                               "(`redis-cli TYPE`, `GET`) and delete the bad one")
             return plan.only(set(plan.sends) - {heavy.lane}), {}
-        self.refused.pop("grant", None)
+        self.refused.pop("heavy grant", None)
         if grant.not_active_beat:
             raise BeatLockLost("beat lock lost before granting the heavy lease")
         if grant.quarantine_s is not None:
@@ -161,7 +161,7 @@ class Dispatcher:
 
     def _say_refused(self, what: str, exc: Exception, fix: str) -> None:
         if self.refused.get(what) != str(exc):
-            logger.error("Redis refused the %s write (%s): %s", what, exc, fix)
+            logger.error("Redis refused a command for the %s (%s): %s", what, exc, fix)
         self.refused[what] = str(exc)
 
     def _send_all(self, plan: Plan, snap: Snapshot, grant_kwargs: dict[str, Any]) -> None:

@@ -84,10 +84,10 @@ class KeyHealth:
             if self._said.get(key) == problem or key in self.derived(broken):
                 continue
             stops = STOPS.get(self._name(key), "what depends on it waits")
-            kind = "is not a sane integer" if problem == "not-an-integer" else \
-                "holds a value of the wrong type"
+            what = ("is not a sane integer" if problem == "not-an-integer" else
+                    "holds a value of the wrong type (Redis refused a command on it)")
             logger.error("key %s %s; %s. Fix: inspect it (`redis-cli TYPE %s`), then delete "
-                         "it (`redis-cli DEL %s`) and redo what it held", key, kind, stops,
+                         "it (`redis-cli DEL %s`) and redo what it held", key, what, stops,
                          key, key)
         self._said = dict(broken)
 
