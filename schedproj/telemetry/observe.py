@@ -88,9 +88,10 @@ def wrong_type(client: redis.Redis, key: str, expected: str, exc: Exception) -> 
         found = str(client.type(key))
     except redis.ResponseError:
         found = "another type"
-    return (f"Redis key {key!r} holds a {found} where schedproj keeps a {expected} ({exc}): "
-            "reported and read as empty, not a Redis outage. Fix: inspect it (redis-cli "
-            f"TYPE/DUMP) and delete it (redis-cli DEL {key}); schedproj writes it again")
+    return (f"Redis key {key!r} is unreadable: it holds a {found} where schedproj keeps a "
+            f"{expected} ({exc}); reported and read as empty, not a Redis outage. Fix: inspect "
+            f"it (redis-cli TYPE/DUMP) and delete it (redis-cli DEL {key}); schedproj writes it "
+            "again")
 
 
 def read_all(client: redis.Redis, keys: Keys, problems: list[str]) -> dict[str, Any]:
