@@ -243,3 +243,24 @@ def test_a_refused_write_names_the_key_once(key_prefix: str, broker: redis.Redis
     assert f"{key} (must be a list)" in said[0] and f"redis-cli DEL {key}" in said[0]
     assert len(sent(broker, "light")) == 1
     sched.close()
+
+
+@pytest.mark.parametrize("value", ["abc", "1e300", "-5", "0", "12.5"])
+def test_a_running_beat_whose_fence_turns_to_garbage_reports_it_and_sends_nothing(
+        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis, value: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    keys = Keys(key_prefix)
+    sched = settled(key_prefix, broker)
+    redis_client.set(keys.beat_fence, value)
+    sched.rt.store.run_now(LIGHT)
+    with caplog.at_level(logging.ERROR, logger="schedproj.beat"):
+        for _ in range(3):
+            assert isinstance(sched.tick(), float)
+    assert len(sent(broker, "light")) == 1, "a message went out under a garbage fence"
+    said = [r.getMessage() for r in caplog.records if keys.beat_fence in r.getMessage()]
+    assert any("not a sane integer" in s for s in said), said
+    redis_client.delete(keys.beat_fence)  # the fix the message names
+    sched.tick()
+    sched.tick()
+    assert len(sent(broker, "light")) == 2
+    sched.close()

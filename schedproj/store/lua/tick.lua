@@ -22,22 +22,41 @@ end
 local function tick_read(KEYS, ARGV)
 -- include: tick_read
 end
--- A beat fence that is not a sane integer cannot fence anything: take no lock, read nothing
--- (beat reports the key and dispatches nothing until it is deleted or fixed).
-local fence = redis.pcall('GET', KEYS[2])
-if type(fence) == 'table' or (fence and (not string.match(fence, '^%d+$') or #fence > 15)) then
-  return {{0, '', 'bad-fence'}, {'', 0, 0, ''}, {0}}
+-- Nothing is checked before the lock and epoch scripts run (an idle tick stays as cheap as it
+-- was); their errors and replies are: a beat fence that is not a sane positive integer cannot
+-- fence anything, so no lock is taken and nothing read (beat reports the key and dispatches
+-- nothing until it is deleted or fixed); a beat lock or epoch record of another type was
+-- written by no beat, so the lock is replaced (as a lock without a TTL is) and the epoch
+-- record counts as missing (a state loss: grants wait the quarantine, which beat reports).
+local BAD_FENCE = {{0, '', 'bad-fence'}, {'', 0, 0, ''}, {0}}
+local function fence_ok()
+  local f = redis.pcall('GET', KEYS[2])
+  return not (type(f) == 'table'
+              or (f and (not string.match(f, '^%d+$') or #f > 15 or tonumber(f) < 1)))
 end
--- A beat lock or epoch record of the wrong type was written by no beat: the lock is replaced
--- (as a lock without a TTL is), the epoch record counts as missing (a state loss: heavy
--- grants wait the quarantine, which beat reports).
-for _, key in ipairs({KEYS[1], KEYS[3]}) do
-  local t = redis.call('TYPE', key)['ok']
-  if t ~= 'string' and t ~= 'none' then redis.call('DEL', key) end
+local function sane(reply)
+  local f = reply[2]
+  return reply[1] ~= 1 or (type(f) == 'number' and f >= 1 and f == math.floor(f)
+                           and f < 1e15 and reply[3] ~= nil)
+end
+local lock_keys, lock_args = {KEYS[1], KEYS[2]}, {ARGV[1], ARGV[2]}
+local ok, lock = pcall(beat_lock, lock_keys, lock_args)
+if not ok or not sane(lock) then
+  if not fence_ok() then return BAD_FENCE end
+  if not ok then
+    redis.call('DEL', KEYS[1])
+    lock = beat_lock(lock_keys, lock_args)
+  end
+end
+local epoch_keys, epoch_args = {KEYS[3], KEYS[2]}, {ARGV[3], ARGV[4], ARGV[5]}
+local ok_epoch, epoch_reply = pcall(epoch, epoch_keys, epoch_args)
+if not ok_epoch then
+  if not fence_ok() then return BAD_FENCE end
+  redis.call('DEL', KEYS[3])
+  epoch_reply = epoch(epoch_keys, epoch_args)
 end
 local read_args = {ARGV[1], ARGV[6], ARGV[7], ARGV[8]}
 for i = 9, #ARGV do read_args[#read_args + 1] = ARGV[i] end
-return {beat_lock({KEYS[1], KEYS[2]}, {ARGV[1], ARGV[2]}),
-        epoch({KEYS[3], KEYS[2]}, {ARGV[3], ARGV[4], ARGV[5]}),
+return {lock, epoch_reply,
         tick_read({KEYS[1], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9],
                    KEYS[10], KEYS[11]}, read_args)}
