@@ -69,7 +69,8 @@ def _no_shared_rem_lanes_in_later_apps() -> Iterator[None]:
     simulator's forensic scenario reads their declarations), Celery adds them to every app
     created afterwards, where they would win other tests' ticks (backup is priority-0). After
     each test, forget those registrations (tests that run the REM lanes do so in child
-    processes)."""
+    processes). They are kept in ``FORGOTTEN_REM_REGISTRATIONS`` for the tests that read the
+    declarations (``rem_lanes_resolvable``)."""
     yield
     from celery import _state
 
@@ -79,7 +80,28 @@ def _no_shared_rem_lanes_in_later_apps() -> Iterator[None]:
             fun = cell.cell_contents
             if getattr(fun, "__module__", "") == "schedproj.rem.lanes":
                 _state._on_app_finalizers.discard(callback)
+                FORGOTTEN_REM_REGISTRATIONS.add(callback)
                 break
+
+
+#: The REM lanes' app-finalize registrations the fixture above took away.
+FORGOTTEN_REM_REGISTRATIONS: set[Callable[..., object]] = set()
+
+
+@pytest.fixture(scope="module")
+def rem_lanes_resolvable() -> Iterator[None]:
+    """Make the REM lanes' shared-task proxies resolve, whatever earlier tests did: a shared
+    task resolves against Celery's current app, which lacks them once an earlier test imported
+    the lanes (the fixture above then forgot their registration) and later tests made new
+    apps. Give their registrations back and make a current app that has them."""
+    from celery import Celery, _state
+
+    for callback in FORGOTTEN_REM_REGISTRATIONS:
+        _state.connect_on_app_finalize(callback)
+    app = Celery("rem-declarations", set_as_current=True)
+    app.finalize()
+    yield
+    app.close()
 
 
 @pytest.fixture

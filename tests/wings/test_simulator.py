@@ -49,6 +49,9 @@ from schedproj.sim.cli import parse_duration
 from schedproj.sim.cli import simulate as simulate_cmd
 from schedproj.sim.metrics import ratio_max, ratio_time_quantile
 
+#: The forensic scenario reads the REM lanes' declarations through their shared tasks.
+pytestmark = pytest.mark.usefixtures("rem_lanes_resolvable")
+
 HOUR = 3600.0
 STALENESS_PASS = Variant(Policy.STALENESS, True)
 STALENESS_NOPASS = Variant(Policy.STALENESS, False)
