@@ -21,7 +21,7 @@ fi
 for module in "${MODULES[@]}"; do
     [ -f "$ROOT/schedproj/core/$module.py" ] || { echo "no module schedproj/core/$module.py" >&2; exit 2; }
 done
-[ -x "$MUTMUT" ] || { echo "mutmut not found: .venv/bin/pip install mutmut==3.8.1" >&2; exit 2; }
+[ -x "$MUTMUT" ] || { echo "mutmut not found: .venv/bin/pip install -e '.[mutation]'" >&2; exit 2; }
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/schedproj-mutation.XXXXXX")
 rsync -a --exclude .venv --exclude .git --exclude mutants --exclude '*.egg-info' \
