@@ -17,11 +17,6 @@ from schedproj.core.records import LaneState, Outcome
 #: A lane that never falls due by time alone (backlog-driven without backlog, paused).
 NEVER = math.inf
 
-#: How far ahead a ``last_run_at`` with no dispatch to cap it is still taken as it is, for
-#: lanes whose cadence is shorter: a few seconds of host jitter must not make a one-second
-#: lane due at once. Beyond one cadence (or this) the lane is just due now.
-UNANCHORED_AHEAD_S = 10.0
-
 
 def effective_last_run(state: LaneState, cadence_s: float, now: float,
                        due_ratio: float = 1.0) -> float | None:
@@ -35,8 +30,8 @@ def effective_last_run(state: LaneState, cadence_s: float, now: float,
     delays a lane by more than one cadence (it may make it run up to one cadence early). A
     time within the tolerance (a run that ended while this tick was reading, host jitter) is
     taken as it is. With no dispatch recorded, a time up to one cadence ahead is taken as it
-    is (for lanes shorter than :data:`UNANCHORED_AHEAD_S`, up to that), and a further one
-    makes the lane just due now. A family member that never ran counts
+    is, and a further one makes the lane just due now: no host's clock delays a lane by more
+    than one cadence, whatever its cadence. A family member that never ran counts
     as having run one cadence (its due ratio's worth, if more) before it was added.
     """
     last = state.run.last_run_at
@@ -51,8 +46,7 @@ def effective_last_run(state: LaneState, cadence_s: float, now: float,
         # one cadence ahead delays the lane by at most one cadence: taken as it is. Further
         # ahead, the time says nothing trustworthy and the lane is just due now (a cap
         # anchored on ``now`` would move with every tick and never fall due).
-        ahead_ok = max(cadence_s, UNANCHORED_AHEAD_S)
-        return last if last - now <= ahead_ok else now - cadence_s * due_ratio
+        return last if last - now <= cadence_s else now - cadence_s * due_ratio
     if last - now <= min(defaults.CLOCK_SKEW_TOLERANCE_S, cadence_s):
         return last
     return min(last, dispatched + cadence_s)

@@ -239,6 +239,10 @@ def fact(sc: Scenario, spec: LaneSpec) -> Fact:
         # if it ran that many cadences before.
         assumed = min(since, sc.now) - spec.cadence_s * max(1.0, spec.due_ratio)
         ratio = (sc.now - assumed) / spec.cadence_s
+    elif last is not None and last - sc.now > spec.cadence_s:
+        # A worker's clock more than one cadence ahead, with no dispatch of beat's to cap it:
+        # the time is not trusted and the lane is just due now (issue 19, item 14).
+        ratio = spec.due_ratio
     else:
         ratio = math.inf if last is None else max(0.0, sc.now - last) / spec.cadence_s
     probe = sc.probes.get(spec.name)
