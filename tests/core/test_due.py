@@ -115,3 +115,15 @@ def test_a_lane_is_due_exactly_when_its_due_time_has_come(
         assert at <= NOW + 1e-6
     else:
         assert at > NOW - 1e-6
+
+
+def test_a_backlog_driven_lane_never_run_is_due_by_what_its_due_check_reports() -> None:
+    """Before its first run a backlog-driven lane is due unless its due-check reported no
+    backlog: one item (the smallest backlog) is enough, none keeps it waiting, and without a
+    due-check its first run measures it."""
+    spec = LaneSpec(name="b", task_name="b", kind=LaneKind.HEAVY, cadence_s=600.0,
+                    backlog_driven=True)
+    never_run = LaneState()
+    assert due_at(spec, never_run, 1000.0, backlog=1) <= 1000.0
+    assert due_at(spec, never_run, 1000.0, backlog=0) == NEVER
+    assert due_at(spec, never_run, 1000.0) <= 1000.0
