@@ -35,7 +35,9 @@ LANE = "e2e.clear-long"
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    env = {**os.environ, **FAST_SETTINGS, "SCHEDPROJ_HOLD_CAP_S": "120",
+    # The holder's run (0.5 s steps) must outlast every clear-lease call made while it runs,
+    # each a Python start and an inspect timeout: 400 steps, with the hold cap beyond them.
+    env = {**os.environ, **FAST_SETTINGS, "SCHEDPROJ_HOLD_CAP_S": "300", "E2E_CLEAR_STEPS": "400",
            "CELERY_BROKER_URL": E2E_REDIS_URL, "SCHEDPROJ_REDIS_URL": E2E_REDIS_URL,
            "SCHEDPROJ_KEY_PREFIX": PREFIX, "E2E_SCENARIO": "clear-lease",
            "PYTHONPATH": str(ROOT)}
