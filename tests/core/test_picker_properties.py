@@ -241,8 +241,10 @@ def fact(sc: Scenario, spec: LaneSpec) -> Fact:
         ratio = (sc.now - assumed) / spec.cadence_s
     elif last is not None and last - sc.now > spec.cadence_s:
         # A worker's clock more than one cadence ahead, with no dispatch of beat's to cap it:
-        # the time is not trusted and the lane is just due now (issue 19, item 14).
-        ratio = spec.due_ratio
+        # the time is not trusted and the lane counts as having run its due ratio's worth of
+        # cadences ago: just due now (issue 19, item 14).
+        assumed = sc.now - spec.cadence_s * spec.due_ratio
+        ratio = (sc.now - assumed) / spec.cadence_s
     else:
         ratio = math.inf if last is None else max(0.0, sc.now - last) / spec.cadence_s
     probe = sc.probes.get(spec.name)
