@@ -18,6 +18,7 @@ broker with it).
 from __future__ import annotations
 
 import contextlib
+import shutil
 import sys
 import tempfile
 import time
@@ -58,14 +59,17 @@ def run_chaos(duration_s: float = 60.0, heavy_workers: int = 3, fault_every_s: f
               say: TextIO = sys.stderr, *, sentinel: bool = False,
               min_faults: dict[str, int] | None = None,
               max_duration_s: float | None = None,
-              dump_to: Path | None = None, members: int = 100) -> dict[str, Any]:
+              dump_to: Path | None = None, logs_to: Path | None = None,
+              members: int = 100) -> dict[str, Any]:
     """Run the chaos scenario and return the figure table (see :func:`render`).
 
     It runs at least ``duration_s``, and on until every count of ``min_faults`` (a fault kind
     or a group of :data:`FAULT_GROUPS`) was injected, at most ``max_duration_s``. With
     ``dump_to``, the journal, dispatch log, ledger and fault times are written there as JSON
-    for a closer look. A light lane family of ``members`` members runs next to the ordinary
-    lanes, its member set given by a members hook (so it comes back after a state loss)."""
+    for a closer look; with ``logs_to``, every beat's and worker's log is copied there (the
+    run's own folder is deleted when it ends). A light lane family of ``members`` members runs
+    next to the ordinary lanes, its member set given by a members hook (so it comes back
+    after a state loss)."""
     with tempfile.TemporaryDirectory(prefix="schedproj-chaos-") as tmp, \
             contextlib.ExitStack() as cleanup:
         work = Path(tmp)
@@ -84,11 +88,21 @@ def run_chaos(duration_s: float = 60.0, heavy_workers: int = 3, fault_every_s: f
         finally:
             scene.fleet.stop()
             ended = time.time()
+            if logs_to is not None:
+                keep_logs(scene.fleet, logs_to)
         report = collect(scene.audit_redis, scene.figures, started, ended, members=members)
         if dump_to is not None:
             dump(scene.audit_redis, scene.figures, dump_to)
         return {**report, **run_figures(scene.figures, exits, sentinel, min_faults or {}),
                 "details": {**report["details"], "worker_exits": exits}}
+
+
+def keep_logs(fleet: Fleet, to: Path) -> None:
+    """Copy the log of every beat and worker the run started (killed ones included) to ``to``."""
+    to.mkdir(parents=True, exist_ok=True)
+    for child in fleet.children:
+        if child.log is not None and child.log.exists():
+            shutil.copyfile(child.log, to / child.log.name)
 
 
 def start_servers(work: Path, cleanup: contextlib.ExitStack, sentinel: bool) -> Scene:

@@ -15,6 +15,7 @@ from schedproj.core.picker import Policy
 from schedproj.core.pressure import PressureYield, encode_yield
 from schedproj.core.pressure import decode as decode_pressure
 from schedproj.core.records import RunRecord
+from schedproj.on_celery.expected import log_failure
 from schedproj.on_celery.run_context import RunContext
 from schedproj.on_celery.run_records import CONTENDED, swap_run
 from schedproj.on_celery.runtime import Runtime
@@ -49,13 +50,13 @@ class LeaseRenewer(threading.Thread):
                 reply = lease.renew(self.token, s.lease_ttl_s, time.time(), s.max_hold_s,
                                     reassert=self.ctx.lease)
                 ok, reason = reply
-            except Exception:
+            except Exception as exc:
                 # Redis unreachable: the server counts the TTL from the last renewal that
                 # landed, so give up a third of a TTL before it can expire there - measured
-                # now, after the call, which may have blocked for its socket timeout.
+                # now, after the call, which may have blocked for its socket timeout. An
+                # outcome the design expects: one line, no traceback.
                 ok, reason = False, "redis-unreachable"
-                logger.warning("lane %s: cannot renew the heavy lease", self.ctx.lane,
-                               exc_info=True)
+                log_failure(logger, exc, "lane %s: cannot renew the heavy lease", self.ctx.lane)
                 if time.monotonic() - last_ok < s.lease_ttl_s * 2 / 3:
                     continue
             if ok:
@@ -80,9 +81,9 @@ class LeaseRenewer(threading.Thread):
             return
         try:
             request = lease.request()
-        except Exception:
-            logger.warning("lane %s: cannot read the operator's requests", self.ctx.lane,
-                           exc_info=True)
+        except Exception as exc:
+            log_failure(logger, exc, "lane %s: cannot read the operator's requests",
+                        self.ctx.lane)
             return
         if request is not None and request.action == "stop" \
                 and request.task_id == self.ctx.task_id:
@@ -137,9 +138,9 @@ class RunHeartbeat(threading.Thread):
                     continue
                 self._lost("in-flight-mark-lost")
                 return
-            except Exception:
-                logger.warning("lane %s: cannot refresh the in-flight mark", self.ctx.lane,
-                               exc_info=True)
+            except Exception as exc:
+                log_failure(logger, exc, "lane %s: cannot refresh the in-flight mark",
+                            self.ctx.lane)
             # Measured after the failed call, which may have blocked for its socket timeout.
             if time.monotonic() - last_ok >= ttl * 2 / 3:
                 self._lost("in-flight-mark-unrefreshed")

@@ -19,6 +19,7 @@ from typing import Any
 from celery import signals
 
 from schedproj.core.records import LeaseView
+from schedproj.on_celery.expected import log_failure
 from schedproj.on_celery.runtime import runtime_for
 
 logger = logging.getLogger(__name__)
@@ -93,8 +94,8 @@ def free_dead_predecessors_lease(sender: Any = None, **kwargs: Any) -> None:
             logger.warning("freed the heavy lease of lane %s: it was held by process %s of "
                            "this node (%s), which is gone; its run is recorded lost",
                            lease.lane, lease.pid, node)
-    except Exception:  # never stop a worker from starting over this
-        logger.warning("could not check the heavy lease for a dead predecessor", exc_info=True)
+    except Exception as exc:  # never stop a worker from starting over this
+        log_failure(logger, exc, "could not check the heavy lease for a dead predecessor")
 
 
 __all__ = ["free_dead_predecessors_lease", "predecessor_dead", "process_gone"]

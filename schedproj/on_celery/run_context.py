@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from schedproj.core.pressure import PRESSURE, Pressure, PressureRule, PressureYield, yield_reason
 from schedproj.core.pressure import yielded as pressure_yielded
 from schedproj.core.records import LeaseView
+from schedproj.on_celery.expected import log_failure
 
 logger = logging.getLogger("schedproj.on_celery.task")
 
@@ -107,9 +108,9 @@ class RunContext:
         if self.on_pressure_yield is not None:
             try:
                 self.on_pressure_yield(self.pressure_yield)
-            except Exception:  # a record we could not write never stops the run's yield
-                logger.warning("lane %s: could not record the pressure yield", self.lane,
-                               exc_info=True)
+            except Exception as exc:  # a record we could not write never stops the yield
+                log_failure(logger, exc, "lane %s: could not record the pressure yield",
+                            self.lane)
 
 
 #: The run executing in this thread, and the family member the current call runs (None: a

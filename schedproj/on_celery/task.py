@@ -29,6 +29,7 @@ from schedproj.core.records import LaneState, LeaseView, Outcome, RunRecord
 
 # Imported for its worker_ready hook: a restarted worker frees its dead predecessor's lease.
 from schedproj.on_celery import recovery
+from schedproj.on_celery.expected import log_failure
 from schedproj.on_celery.keepalive import LeaseRenewer, RunHeartbeat
 from schedproj.on_celery.messages import LEASE_KWARG, Dispatch, pop_dispatch
 from schedproj.on_celery.run_context import RunContext, current, current_run, member
@@ -55,6 +56,10 @@ class LaneTask(Task):  # type: ignore[misc]
     # The lease grant rides as an extra keyword the lane body never sees (popped in __call__),
     # so Celery's client-side signature check must not reject it.
     typing = False
+    # A fenced write refused (LeaseLost) means a newer holder exists: the run is recorded
+    # failed with that reason, and Celery logs it as expected (one INFO line, no traceback;
+    # Sentry's Celery integration skips it too) instead of "raised unexpected".
+    throws = (LeaseLost,)
 
     # -- what a lane body calls -------------------------------------------------------------
     def should_yield(self) -> bool:
@@ -272,8 +277,8 @@ class LaneTask(Task):  # type: ignore[misc]
             rt.store.log(rt.keys.journal, {"ev": event, "lane": ctx.lane, "task": ctx.task_id,
                                            "fence": ctx.fence, "t": time.time(),
                                            "pid": os.getpid(), **extra})
-        except Exception:
-            logger.warning("lane %s: could not journal %s", ctx.lane, event, exc_info=True)
+        except Exception as exc:
+            log_failure(logger, exc, "lane %s: could not journal %s", ctx.lane, event)
 
     def _mark_running(self, rt: Runtime, ctx: RunContext) -> RunRecord | None:
         """Record that the heavy run started; None if the stored record is unreadable (then it
@@ -319,9 +324,9 @@ class LaneTask(Task):  # type: ignore[misc]
                                                 wake_message=f"{ctx.lane}:{outcome.value}",
                                                 write=writable, due_at=self._due_at(record),
                                                 member=self.family_name is not None)
-        except Exception:
-            logger.exception("lane %s: could not record outcome %s; the lease (if any) "
-                             "expires on its own", ctx.lane, outcome.value)
+        except Exception as exc:
+            log_failure(logger, exc, "lane %s: could not record outcome %s; the lease (if "
+                        "any) expires on its own", ctx.lane, outcome.value, level=logging.ERROR)
             return
         if token and not released:
             logger.error("lane %s: the lease was no longer ours at the end of the run",
