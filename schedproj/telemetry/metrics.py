@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import redis
 from prometheus_client import CollectorRegistry
@@ -24,24 +25,96 @@ from schedproj.telemetry.status import families_folded
 
 logger = logging.getLogger(__name__)
 
-#: Durable counter hash field prefix -> (metric name, help, label).
+@dataclass(frozen=True)
+class MetricDoc:
+    """One metric beat exports: its name as prometheus_client takes it (a counter's without
+    ``_total``), its type, help text and labels. The catalog below is the one place they are
+    written; the collector builds its families from it and the reference page is made from it."""
+
+    name: str
+    kind: Literal["gauge", "counter"]
+    help: str
+    labels: tuple[str, ...] = ()
+
+    @property
+    def exposed(self) -> str:
+        """The name Prometheus scrapes (counters end in ``_total``)."""
+        return f"{self.name}_total" if self.kind == "counter" else self.name
+
+
+def _gauge(name: str, help: str, *labels: str) -> MetricDoc:
+    return MetricDoc(name, "gauge", help, labels)
+
+
+def _counter(name: str, help: str, *labels: str) -> MetricDoc:
+    return MetricDoc(name, "counter", help, labels)
+
+
+#: Every metric beat's ``/metrics`` serves, in the order it serves them.
+CATALOG: tuple[MetricDoc, ...] = (
+    _gauge("schedproj_state_up", "Redis state readable."),
+    _gauge("schedproj_lease_held_seconds", "How long the heavy lease has been held (0: free).",
+           "lane"),
+    _gauge("schedproj_lease_fence", "Fencing number of the held lease."),
+    _gauge("schedproj_lease_over_hold_cap", "1 while the lease is held past the hold cap."),
+    _gauge("schedproj_deferral_chain_depth",
+           "Longest chain of lanes deferred behind one another."),
+    _gauge("schedproj_undispatched_lanes", "Lanes due past their bound that beat neither "
+           "dispatched, deferred nor saw paused (scheduling stopped for them)."),
+    _gauge("schedproj_posture", "Watchdog posture (1 = current).", "posture"),
+    _gauge("schedproj_lane_staleness_ratio", "(now - last run) / cadence; +Inf if never run.",
+           "lane"),
+    _gauge("schedproj_lane_deferred_seconds",
+           "Age of the lane's current deferral streak (0: none).", "lane", "reason"),
+    _gauge("schedproj_lane_backlog", "Backlog the lane reported.", "lane"),
+    _counter("schedproj_lane_runs", "Finished runs.", "lane"),
+    _counter("schedproj_lane_failures", "Failed runs.", "lane"),
+    _counter("schedproj_dispatches", "Messages sent by beat.", "lane", "queue"),
+    _gauge("schedproj_family_members", "Members of the lane family.", "family"),
+    _gauge("schedproj_family_due", "Members due and not yet dispatched or deferred.",
+           "family"),
+    _gauge("schedproj_family_deferred", "Members deferred (lease, gate or pick).", "family"),
+    _gauge("schedproj_family_running", "Members running or in flight.", "family"),
+    _gauge("schedproj_family_max_staleness_ratio", "Largest staleness ratio among the "
+           "members with state (+Inf: one never ran).", "family"),
+    _counter("schedproj_deferrals", "Deferral streaks begun, by reason.", "reason"),
+    _counter("schedproj_yields", "Heavy runs that yielded at a checkpoint.", "lane"),
+    _counter("schedproj_stale_token_refusals",
+             "Heavy messages refused for a stale, forged or missing lease token.", "lane"),
+    _counter("schedproj_scheduling_errors",
+             "Scheduling errors (a due-check raised, unreadable state).", "lane"),
+    _counter("schedproj_lost_runs", "Runs that started and whose lease or in-flight mark "
+             "lapsed with no end recorded (their worker died).", "lane"),
+    _counter("schedproj_derived_state_heals", "Derived keys (due index, changed set) found "
+             "missing, emptied, of the wrong type or restored from an older copy, and rebuilt "
+             "by beat.", "key"),
+    _counter(f"schedproj_{LEASE_ACQUISITIONS}", "Heavy lease grants (the fencing counter)."),
+    _gauge("schedproj_pressure_ratio", "Staleness ratio now of the waiting heavy lane that "
+           "presses on the lease (+Inf: never ran; 0 with lane=\"\": none).", "lane"),
+    _gauge("schedproj_last_pressure_yield_timestamp_seconds", "When a heavy run last yielded "
+           "to pressure (Unix time; 0: never), with the lane that yielded and the one that "
+           "pressed.", "lane", "pressing"),
+    _counter("schedproj_pressure_yields",
+             "Heavy runs that yielded to pressure before the hold cap."),
+)
+_BY_NAME = {m.name: m for m in CATALOG}
+
+#: Durable counter hash field prefix -> the metric that exports it (labelled by its suffix).
 COUNTERS = {
-    CounterKind.DEFERRALS: ("schedproj_deferrals", "Deferral streaks begun, by reason.",
-                            "reason"),
-    CounterKind.YIELDS: ("schedproj_yields", "Heavy runs that yielded at a checkpoint.", "lane"),
-    CounterKind.SKIPS: ("schedproj_stale_token_refusals",
-                        "Heavy messages refused for a stale, forged or missing lease token.",
-                        "lane"),
-    CounterKind.ERRORS: ("schedproj_scheduling_errors",
-                         "Scheduling errors (a due-check raised, unreadable state).", "lane"),
-    CounterKind.LOST: ("schedproj_lost_runs",
-                       "Runs that started and whose lease or in-flight mark lapsed with no "
-                       "end recorded (their worker died).", "lane"),
-    CounterKind.HEALS: ("schedproj_derived_state_heals",
-                        "Derived keys (due index, changed set) found missing, emptied, of the "
-                        "wrong type or restored from an older copy, and rebuilt by beat.",
-                        "key"),
+    CounterKind.DEFERRALS: "schedproj_deferrals",
+    CounterKind.YIELDS: "schedproj_yields",
+    CounterKind.SKIPS: "schedproj_stale_token_refusals",
+    CounterKind.ERRORS: "schedproj_scheduling_errors",
+    CounterKind.LOST: "schedproj_lost_runs",
+    CounterKind.HEALS: "schedproj_derived_state_heals",
 }
+
+
+def family(name: str) -> GaugeMetricFamily | CounterMetricFamily:
+    """An empty metric family for ``name``, as the catalog describes it."""
+    doc = _BY_NAME[name]
+    cls = GaugeMetricFamily if doc.kind == "gauge" else CounterMetricFamily
+    return cls(doc.name, doc.help, labels=list(doc.labels))
 
 
 class SchedprojCollector(Collector):
@@ -58,14 +131,14 @@ class SchedprojCollector(Collector):
             obs = observe(self.client, self.keys, specs=self.specs, families=self.families)
         except redis.RedisError:
             logger.warning("metrics: Redis unreachable; scrape has no schedproj figures")
-            up = GaugeMetricFamily("schedproj_state_up", "Redis state readable.")
+            up = family("schedproj_state_up")
             up.add_metric([], 0)
             yield up
             return
         s = self.settings
         health = obs.health(starvation_threshold_s=s.starvation_threshold_s,
                             hold_cap_s=s.hold_cap_s, profile=s.profile)
-        up = GaugeMetricFamily("schedproj_state_up", "Redis state readable.")
+        up = family("schedproj_state_up")
         up.add_metric([], 1)
         yield up
         yield from self._lease(health)
@@ -75,10 +148,7 @@ class SchedprojCollector(Collector):
         yield from self._pressure(obs)
 
     def _lease(self, health: Any) -> Iterator[Metric]:
-        held = GaugeMetricFamily("schedproj_lease_held_seconds",
-                                 "How long the heavy lease has been held (0: free).",
-                                 labels=["lane"])
-        fence = GaugeMetricFamily("schedproj_lease_fence", "Fencing number of the held lease.")
+        held, fence = family("schedproj_lease_held_seconds"), family("schedproj_lease_fence")
         if health.lease is not None:
             held.add_metric([health.lease.holder], health.lease.held_s)
             fence.add_metric([], health.lease.fence)
@@ -87,40 +157,24 @@ class SchedprojCollector(Collector):
             fence.add_metric([], 0)
         yield held
         yield fence
-        over = GaugeMetricFamily("schedproj_lease_over_hold_cap",
-                                 "1 while the lease is held past the hold cap.")
+        over = family("schedproj_lease_over_hold_cap")
         over.add_metric([], int(health.lease_over_cap))
         yield over
-        depth = GaugeMetricFamily("schedproj_deferral_chain_depth",
-                                  "Longest chain of lanes deferred behind one another.")
+        depth = family("schedproj_deferral_chain_depth")
         depth.add_metric([], health.chain_depth)
         yield depth
-        undispatched = GaugeMetricFamily(
-            "schedproj_undispatched_lanes", "Lanes due past their bound that beat neither "
-            "dispatched, deferred nor saw paused (scheduling stopped for them).")
+        undispatched = family("schedproj_undispatched_lanes")
         undispatched.add_metric([], len(health.undispatched))
         yield undispatched
-        posture = GaugeMetricFamily("schedproj_posture", "Watchdog posture (1 = current).",
-                                    labels=["posture"])
+        posture = family("schedproj_posture")
         for name in ("healthy", "degraded", "unknown"):
             posture.add_metric([name], int(health.posture.value == name))
         yield posture
 
     def _families(self, health: Any, obs: Observation) -> Iterator[Metric]:
         """Per-family aggregates: members, due, deferred, running, the worst ratio."""
-        out = {
-            "members": GaugeMetricFamily("schedproj_family_members",
-                                         "Members of the lane family.", labels=["family"]),
-            "due": GaugeMetricFamily("schedproj_family_due", "Members due and not yet "
-                                     "dispatched or deferred.", labels=["family"]),
-            "deferred": GaugeMetricFamily("schedproj_family_deferred", "Members deferred "
-                                          "(lease, gate or pick).", labels=["family"]),
-            "running": GaugeMetricFamily("schedproj_family_running", "Members running or "
-                                         "in flight.", labels=["family"]),
-            "max_staleness_ratio": GaugeMetricFamily(
-                "schedproj_family_max_staleness_ratio", "Largest staleness ratio among the "
-                "members with state (+Inf: one never ran).", labels=["family"]),
-        }
+        out = {name: family(f"schedproj_family_{name}") for name in
+               ("members", "due", "deferred", "running", "max_staleness_ratio")}
         for f in families_folded(obs, health):
             for name, value in (("members", f.members), ("due", f.due),
                                 ("deferred", f.deferred), ("running", f.running),
@@ -136,19 +190,10 @@ class SchedprojCollector(Collector):
         return parts is not None and parts[0] in obs.families
 
     def _lanes(self, health: Any, obs: Observation) -> Iterator[Metric]:
-        ratio = GaugeMetricFamily("schedproj_lane_staleness_ratio",
-                                  "(now - last run) / cadence; +Inf if never run.",
-                                  labels=["lane"])
-        deferred = GaugeMetricFamily("schedproj_lane_deferred_seconds",
-                                     "Age of the lane's current deferral streak (0: none).",
-                                     labels=["lane", "reason"])
-        backlog = GaugeMetricFamily("schedproj_lane_backlog", "Backlog the lane reported.",
-                                    labels=["lane"])
-        runs = CounterMetricFamily("schedproj_lane_runs", "Finished runs.", labels=["lane"])
-        failures = CounterMetricFamily("schedproj_lane_failures", "Failed runs.",
-                                       labels=["lane"])
-        dispatches = CounterMetricFamily("schedproj_dispatches", "Messages sent by beat.",
-                                         labels=["lane", "queue"])
+        ratio, deferred, backlog, runs, failures, dispatches = (family(name) for name in (
+            "schedproj_lane_staleness_ratio", "schedproj_lane_deferred_seconds",
+            "schedproj_lane_backlog", "schedproj_lane_runs", "schedproj_lane_failures",
+            "schedproj_dispatches"))
         for h in health.lanes:
             if self._member(h.name, obs):
                 continue
@@ -162,8 +207,7 @@ class SchedprojCollector(Collector):
 
     def _counters(self, counters: dict[str, int], acquisitions: int,
                   obs: Observation) -> Iterator[Metric]:
-        families = {kind: CounterMetricFamily(name, doc, labels=[label])
-                    for kind, (name, doc, label) in COUNTERS.items()}
+        families = {kind: family(name) for kind, name in COUNTERS.items()}
         totals: dict[tuple[CounterKind, str], int] = {}
         for field, value in counters.items():
             parsed = parse_counter_field(field)
@@ -177,30 +221,22 @@ class SchedprojCollector(Collector):
         for (kind, label), value in totals.items():
             families[kind].add_metric([label], value)
         yield from families.values()
-        leases = CounterMetricFamily(f"schedproj_{LEASE_ACQUISITIONS}",
-                                     "Heavy lease grants (the fencing counter).")
+        leases = family(f"schedproj_{LEASE_ACQUISITIONS}")
         leases.add_metric([], acquisitions)
         yield leases
 
     def _pressure(self, obs: Observation) -> Iterator[Metric]:
         """The waiting heavy lane pressing on the lease (beat's last measure), the last run
         that yielded to pressure, and how many did."""
-        ratio = GaugeMetricFamily("schedproj_pressure_ratio",
-                                  "Staleness ratio now of the waiting heavy lane that presses "
-                                  "on the lease (+Inf: never ran; 0 with lane=\"\": none).",
-                                  labels=["lane"])
+        ratio = family("schedproj_pressure_ratio")
         p = obs.pressure
         ratio.add_metric([p.lane if p else ""], p.ratio(obs.now) if p else 0.0)
         yield ratio
-        last = GaugeMetricFamily("schedproj_last_pressure_yield_timestamp_seconds",
-                                 "When a heavy run last yielded to pressure (Unix time; 0: "
-                                 "never), with the lane that yielded and the one that pressed.",
-                                 labels=["lane", "pressing"])
+        last = family("schedproj_last_pressure_yield_timestamp_seconds")
         y = obs.last_pressure_yield
         last.add_metric([y.lane if y else "", y.pressing if y else ""], y.at if y else 0.0)
         yield last
-        count = CounterMetricFamily("schedproj_pressure_yields",
-                                    "Heavy runs that yielded to pressure before the hold cap.")
+        count = family("schedproj_pressure_yields")
         count.add_metric([], obs.pressure_yields)
         yield count
 

@@ -2,8 +2,9 @@
 
 ``promtool check rules`` and ``promtool test rules`` on synthetic series: each alert fires when
 it should and stays quiet when it should not (``deploy/prometheus/alerts_test.yml``). The rules
-and the dashboard may name only metrics beat exports — read from the source of the module that
-builds them with prometheus_client — or ``schedproj_lost_runs_total``, the documented name of
+and the dashboard may name only metrics beat exports — the exporter's catalog
+(``schedproj.telemetry.metrics.CATALOG``; tests/telemetry/test_metric_catalog.py holds it equal to
+what a scrape serves) — or ``schedproj_lost_runs_total``, the documented name of
 the lost-runs counter (and, on the dashboard, the pressure series about to be exported).
 """
 
@@ -20,6 +21,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from schedproj.telemetry.metrics import CATALOG
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "alerts.yml"
@@ -60,26 +63,8 @@ def promtool(*args: str) -> subprocess.CompletedProcess[str]:
 # -- the names beat exports -----------------------------------------------------------------
 def exported_metrics() -> set[str]:
     """Every metric name the exporter can serve, as Prometheus sees it (counters with
-    ``_total``), read from the modules that use prometheus_client's metric families."""
-    sources = {p: p.read_text() for p in sorted((ROOT / "schedproj").rglob("*.py"))}
-    constants = {name: value for text in sources.values() for name, value in re.findall(
-        r'^([A-Z][A-Z0-9_]*)\s*(?::[^=\n]+)?=\s*"([a-z0-9_]+)"\s*$', text, re.M)}
-
-    def resolve(literal: str) -> str:
-        return re.sub(r"\{([A-Z][A-Z0-9_]*)\}", lambda m: constants[m.group(1)], literal)
-
-    names: set[str] = set()
-    for text in sources.values():
-        if "MetricFamily" not in text:
-            continue
-        for kind, literal in re.findall(r'\b(Gauge|Counter)MetricFamily\(\s*f?"([^"]+)"', text):
-            names.add(resolve(literal) + ("_total" if kind == "Counter" else ""))
-        # Name tables that feed CounterMetricFamily(name, ...): `KEY: ("schedproj_x", ...)`.
-        for table in re.findall(r"^([A-Z][A-Z0-9_]*)\s*=\s*\{(.*?)^\}", text, re.M | re.S):
-            if re.search(rf"CounterMetricFamily\([^)]*\)\s*for [^\n]* in {table[0]}\b", text):
-                names |= {n + "_total" for n in re.findall(r':\s*\(\s*"(schedproj_[a-z0-9_]+)"',
-                                                             table[1])}
-    return {n for n in names if n.startswith("schedproj_")}
+    ``_total``): the exporter's catalog, which its collector builds every family from."""
+    return {m.exposed for m in CATALOG}
 
 
 @pytest.fixture(scope="module")
