@@ -35,12 +35,20 @@ from schedproj.core.planner import Plan, TickInput, plan_tick
 from schedproj.on_celery.config import no_lanes_message, validate_or_exit, wait_for_redis
 from schedproj.on_celery.dispatch import Dispatcher, LaneEntry, PressurePublisher
 from schedproj.on_celery.due_checks import DueChecks, ErrorReporter
+from schedproj.on_celery.entries import (
+    BeatEntries,
+    EntrySend,
+    LoadedEntry,
+    code_entries,
+    entry_crons_exclusions,
+)
 from schedproj.on_celery.family_sync import FamilySync
 from schedproj.on_celery.key_health import KeyHealth, wrong_typed
 from schedproj.on_celery.loss_recovery import LossRecovery, say_state_loss
 from schedproj.on_celery.runtime import Runtime, settings_for
 from schedproj.on_celery.tick_lanes import TickLanes
 from schedproj.settings import Settings
+from schedproj.store.entry_store import EntryStore
 from schedproj.store.families import FamilyStore
 from schedproj.store.lane_store import Snapshot
 from schedproj.telemetry import metrics
@@ -67,9 +75,11 @@ class BeatEngine:
     dispatcher: Dispatcher
     pressure: PressurePublisher
     health: KeyHealth
+    entries: BeatEntries
 
     @classmethod
-    def build(cls, rt: Runtime, lanes: LaneSet, scheduler: FairScheduler) -> BeatEngine:
+    def build(cls, rt: Runtime, lanes: LaneSet, scheduler: FairScheduler,
+              code_entries: dict[str, LoadedEntry]) -> BeatEngine:
         tick_lanes, memory = TickLanes(lanes), TickMemory()
         reporter = ErrorReporter(rt.store)
         return cls(
@@ -82,7 +92,11 @@ class BeatEngine:
                                   scheduler.send_entry,
                                   **scheduler.dispatch_seams(rt.settings)),
             pressure=PressurePublisher(rt, tick_lanes),
-            health=KeyHealth(rt.store, rt.keys))
+            health=KeyHealth(rt.store, rt.keys),
+            entries=BeatEntries(scheduler.app, EntryStore(rt.store.client, rt.keys),
+                                rt.keys, scheduler.token, scheduler.send_entry,
+                                code_entries, max_look_s=rt.settings.beat_max_loop_interval_s,
+                                reserved=lanes.names))
 
 
 def stall_before_send(seconds: float) -> Callable[[Plan], None]:
@@ -134,7 +148,9 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         rt = Runtime.build(s)
         wait_for_redis(self.app, s, "beat")
         # Sentry Crons only monitors whole-minute intervals: other lanes are left out of it.
-        init_sentry(s, "beat", exclude_beat_tasks=crons_exclusions(lanes.specs))
+        code = code_entries(self.app)
+        init_sentry(s, "beat", exclude_beat_tasks=[*crons_exclusions(lanes.specs),
+                                                   *entry_crons_exclusions(code.values())])
         metrics.serve(rt.store.client, rt.keys, s, lanes.specs,
                       json.loads(registry_json(lanes, s))["families"])
         self.max_interval = s.beat_max_loop_interval_s
@@ -146,22 +162,20 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
             )
             for spec in (*lanes.specs, *lanes.families.values())
         }
-        self.engine = BeatEngine.build(rt, lanes, self)
+        self.engine = BeatEngine.build(rt, lanes, self, code)
         self._declare_queues()
-        if self.app.conf.beat_schedule:
-            logger.warning("beat_schedule entries %s are not run by FairScheduler; declare "
-                           "them as lanes (lane=Lane(...)) instead",
-                           sorted(self.app.conf.beat_schedule))
-        if not lanes.specs and not lanes.families:
+        entries = self.engine.entries.names
+        if not lanes.specs and not lanes.families and not entries:
             logger.warning("%s", no_lanes_message(self.app))
-        logger.info("FairScheduler %s: %d lanes, policy %s, profile %s", self.token[:8],
-                    len(lanes.specs), s.policy.value, s.profile.value)
+        logger.info("FairScheduler %s: %d lanes, %d schedule entries, policy %s, profile %s",
+                    self.token[:8], len(lanes.specs), len(entries), s.policy.value,
+                    s.profile.value)
 
     def dispatch_seams(self, settings: Settings) -> dict[str, Callable[[Plan], None]]:
         """Seams the dispatch path leaves open (tests and fault runs override this)."""
         return {}
 
-    def send_entry(self, entry: LaneEntry) -> None:
+    def send_entry(self, entry: LaneEntry | EntrySend) -> None:
         # Through apply_entry, not apply_async: sentry-sdk's beat monitoring wraps
         # Scheduler.apply_entry to attach its Crons check-in headers.
         self.apply_entry(entry, producer=self.producer)
@@ -216,7 +230,7 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         try:
             return super().apply_async(entry, producer=producer, advance=False, **kwargs)
         except Exception as exc:
-            if isinstance(entry, LaneEntry):
+            if isinstance(entry, (LaneEntry, EntrySend)):
                 entry.send_error = exc
             raise
 
@@ -239,7 +253,8 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         engine = getattr(self, "engine", None)
         if engine is None:
             return ""
-        return f"    . lanes -> {', '.join(engine.lanes.lanes.names) or '(none)'}"
+        return (f"    . lanes -> {', '.join(engine.lanes.lanes.names) or '(none)'}\n"
+                f"    . schedule entries -> {len(engine.entries.names)}")
 
     # -- one tick -----------------------------------------------------------------------------
     def _tick(self) -> float:
@@ -277,6 +292,10 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
             now, profile=s.profile, policy=s.policy, start_deadline_s=s.start_deadline_s,
             task_id=lambda lane: str(uuid.uuid4()))
         plan, next_look = e.dispatcher.dispatch(plan, snap)
+        # The app's schedule entries, in the same tick as the light lanes: never behind heavy.
+        entries_look = e.entries.tick(now, snap.entries_changed)
+        if entries_look is not None:
+            next_look = entries_look if next_look is None else min(next_look, entries_look)
         e.pressure.publish(plan.decision, snap, now, states=plan.states, partial=skipped > 0)
         e.families.sync(now)
         e.lanes.keep_only(e.memory.states)
@@ -336,6 +355,7 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         self._reconciled_at = now
         if lost:
             e.recovery.put_back(remembered, now)
+        e.entries.take_over(now)
         return self._snapshot(now, cursor=None)
 
     def _heal(self, snap: Snapshot, now: float) -> Snapshot:

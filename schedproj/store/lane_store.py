@@ -20,6 +20,7 @@ from schedproj.core.records import LaneState, LeaseView, RunRecord, SchedRecord,
 from schedproj.store import scripts
 from schedproj.store.lease import parse_lease
 from schedproj.store.protocol import (
+    ENTRIES_CHANGED_MEMBER,
     EPOCH_VERSION,
     STAMP_MEMBER,
     STATE_VERSION,
@@ -54,8 +55,12 @@ class EpochStatus:
     id: str
     server_now_ms: int
     quarantine_until_ms: int
-    #: Non-empty when this very call detected the loss: ``state-missing`` | ``server-changed``.
+    #: Non-empty when this very call detected the loss: ``state-empty`` | ``state-missing`` |
+    #: ``server-changed`` (what each means: ``lua/epoch.lua``; the quarantine is the same).
     cause: str = ""
+    #: The epoch id this store read on its tick before ("" on its first): a beat that read an
+    #: epoch before knows Redis held state, so an empty Redis is a loss to it, not a first start.
+    known_id: str = ""
 
     @property
     def quarantine_left_s(self) -> float:
@@ -89,6 +94,8 @@ class Snapshot:
     #: Keys the read found broken: key -> ``stale`` (a derived key whose stamp disagrees:
     #: deleted, emptied or restored from an older copy) or ``wrong-type`` (read as empty).
     broken: Mapping[str, str] = field(default_factory=dict)
+    #: The schedule entries changed (``ENTRIES_CHANGED_MEMBER`` was in the changed set).
+    entries_changed: bool = False
 
 
 def parse_states(raw: Mapping[str, str], hash_key: str,
@@ -161,6 +168,8 @@ class LaneStore:
         self._mark_lost = scripts.register(client, "run_mark_lost")
         self._tick = scripts.register(client, "tick")
         self._heal = scripts.register(client, "tick_heal")
+        #: The epoch id the last read returned (``EpochStatus.known_id`` of the next).
+        self._epoch_id = ""
 
     def snapshot(self, beat_token: str, lock_ttl_s: float,
                  quarantine_s: float = 0.0) -> Snapshot:
@@ -175,8 +184,7 @@ class LaneStore:
             self.client.script_load(self._epoch.script)
             replies = self._snapshot_pipeline(beat_token, lock_ttl_s, quarantine_s)
         lock_reply, epoch_reply, raw_states, raw_lease, paused, forced = replies
-        epoch = EpochStatus(id=str(epoch_reply[0]), server_now_ms=int(epoch_reply[1]),
-                            quarantine_until_ms=int(epoch_reply[2]), cause=str(epoch_reply[3]))
+        epoch = self._epoch_status(epoch_reply)
         ok, value, event = lock_reply
         lock = (LockStatus(held=True, fence=int(value), event=str(event)) if int(ok) == 1
                 else LockStatus(held=False, holder=str(value), event=str(event)))
@@ -220,8 +228,7 @@ class LaneStore:
         # One script call: tick.lua renews the lock, checks the epoch and reads (redis-py's
         # Script loads it on a NoScriptError and retries).
         lock_reply, epoch_reply, read = self._tick(keys=keys, args=args)
-        epoch = EpochStatus(id=str(epoch_reply[0]), server_now_ms=int(epoch_reply[1]),
-                            quarantine_until_ms=int(epoch_reply[2]), cause=str(epoch_reply[3]))
+        epoch = self._epoch_status(epoch_reply)
         ok, value, event = lock_reply
         lock = (LockStatus(held=True, fence=int(value), event=str(event)) if int(ok) == 1
                 else LockStatus(held=False, holder=str(value), event=str(event)))
@@ -233,8 +240,21 @@ class LaneStore:
                             lease=None, epoch=epoch)
         return self._parse_tick(lock, epoch, read)
 
+    def _epoch_status(self, reply: list[Any]) -> EpochStatus:
+        """``lua/epoch.lua``'s reply, with the epoch id this store read before."""
+        epoch = EpochStatus(id=str(reply[0]), server_now_ms=int(reply[1]),
+                            quarantine_until_ms=int(reply[2]), cause=str(reply[3]),
+                            known_id=self._epoch_id)
+        self._epoch_id = epoch.id or self._epoch_id
+        return epoch
+
     def _parse_tick(self, lock: LockStatus, epoch: EpochStatus, read: list[Any]) -> Snapshot:
         _, names, n_changed, values, scores, nxt, raw_lease, paused, forced, broken = read
+        entries_changed = ENTRIES_CHANGED_MEMBER in names[:int(n_changed)]
+        if entries_changed:  # the marker is no lane: read it as the flag it is
+            at = names.index(ENTRIES_CHANGED_MEMBER)
+            names, scores = names[:at] + names[at + 1:], scores[:at] + scores[at + 1:]
+            values, n_changed = values[:2 * at] + values[2 * at + 2:], int(n_changed) - 1
         raw: dict[str, str] = {}
         for i, lane in enumerate(names):
             for part, value in (("run", values[2 * i]), ("sched", values[2 * i + 1])):
@@ -262,6 +282,7 @@ class LaneStore:
                         scores={lane: (float(sc) if sc not in ("", None) else None)
                                 for lane, sc in zip(looked, scores, strict=True)},
                         next_look=float(nxt) if nxt not in ("", None) else None,
+                        entries_changed=entries_changed,
                         broken=dict(zip(broken[::2], broken[1::2], strict=True)))
 
     def heal_derived(self, beat_token: str, lanes: Sequence[str], *, rescore: bool) -> bool:

@@ -21,6 +21,9 @@ WAKE_LIST_MAX = 64
 #: The member of the due index whose score is the index's write stamp, and the prefix of the
 #: changed set's stamp member (``<STAMP_MEMBER>:<generation>``); no lane name starts with NUL.
 STAMP_MEMBER = "\x00stamp"
+#: The member of the changed set that tells beat the schedule entries changed (a runtime entry
+#: added, changed or removed; one paused, resumed or asked to run): it re-reads them.
+ENTRIES_CHANGED_MEMBER = "\x00entries"
 
 
 @dataclass(frozen=True)
@@ -157,6 +160,35 @@ class Keys:
         return f"{self.prefix}:family:{name}"
 
     @property
+    def entries(self) -> str:
+        """Hash: schedule entry -> its state (JSON, ``core.entries.EntryState``: last run, run
+        count, the schedule it measures from). Written only under the beat lock, compared and
+        set (``lua/entry_write.lua``)."""
+        return f"{self.prefix}:entries"
+
+    @property
+    def entries_due(self) -> str:
+        """Sorted set: schedule entry -> when beat must next look at it (epoch seconds),
+        written with the state that moves it."""
+        return f"{self.prefix}:entries:due"
+
+    @property
+    def entry_defs(self) -> str:
+        """Hash: runtime entry -> its definition (JSON, ``core.entries.EntryDefinition``),
+        written by ``schedproj entry add`` and the Python API; beat reads it."""
+        return f"{self.prefix}:entries:defs"
+
+    @property
+    def entries_paused(self) -> str:
+        """Set: schedule entries an operator paused (never sent until resumed)."""
+        return f"{self.prefix}:entries:paused"
+
+    @property
+    def entries_run_now(self) -> str:
+        """Set: schedule entries an operator asked to run now (sent at the next tick)."""
+        return f"{self.prefix}:entries:run-now"
+
+    @property
     def errors(self) -> str:
         """Hash: lane -> last scheduling error (due-check raised, malformed state)."""
         return f"{self.prefix}:errors"
@@ -208,6 +240,7 @@ def parse_counter_field(name: str) -> tuple[CounterKind, str] | None:
 
 
 __all__ = [
+    "ENTRIES_CHANGED_MEMBER",
     "EPOCH_VERSION",
     "LEASE_ACQUISITIONS",
     "PRESSURE_VERSION",

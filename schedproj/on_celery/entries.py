@@ -1,0 +1,336 @@
+"""The app's schedule entries under the FairScheduler: its ``beat_schedule`` and the runtime
+entries (``schedproj entry add``), sent as ordinary tasks in the same tick as the light lanes,
+at most once per due time (:mod:`schedproj.core.entries` decides; this module reads, claims
+under the beat lock, sends through Celery's ``apply_entry``, and keeps the due index).
+
+Every schedule type Celery accepts works: a number of seconds, a ``timedelta``, ``schedule``
+(``relative`` included), ``crontab``, ``solar`` and any ``BaseSchedule`` subclass, through its
+own ``is_due``, in the app's time zone, as Celery's beat evaluates it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+import redis
+from celery.beat import ScheduleEntry
+from celery.schedules import BaseSchedule, crontab, schedule
+
+from schedproj.core.entries import (
+    EntryClaim,
+    EntryDefinition,
+    EntryPlan,
+    EntryState,
+    check_entry_name,
+    plan_entries,
+)
+from schedproj.core.errors import BeatLockLost, StateError
+from schedproj.store.entry_store import EntryStore, WriteResult
+from schedproj.store.protocol import Keys
+
+logger = logging.getLogger("schedproj.beat")
+
+#: The entry (and task) Celery's beat installs to expire stored results.
+BACKEND_CLEANUP = "celery.backend_cleanup"
+#: A send that failed is tried again this soon (seconds): its due time stays due.
+RESEND_AFTER_S = 1.0
+
+
+class EntrySend(ScheduleEntry):  # type: ignore[misc]
+    """One entry's message, sent through the scheduler's ``apply_entry`` (so Sentry's Crons
+    wrapper sees it) and carrying the result of its own send, which ``apply_entry`` swallows."""
+
+    send_error: BaseException | None = None
+
+
+class CeleryTiming:
+    """An entry's Celery schedule, asked as Celery's beat asks it: ``is_due(last_run_at)``
+    with ``last_run_at`` in the app's time zone (crontab reads its hour and day fields from
+    it), answering with the seconds until the next look."""
+
+    __slots__ = ("schedule", "tz")
+
+    def __init__(self, sched: BaseSchedule, tz: Any) -> None:
+        self.schedule, self.tz = sched, tz
+
+    def check(self, last_run_at: float) -> tuple[bool, float]:
+        due, next_s = self.schedule.is_due(datetime.fromtimestamp(last_run_at, tz=self.tz))
+        return bool(due), float(next_s)
+
+
+class LoadedEntry:
+    """One entry as beat holds it: its definition (shared with the app's ``beat_schedule``,
+    never copied) and where it came from."""
+
+    __slots__ = ("args", "kwargs", "name", "options", "raw", "schedule", "schedule_key",
+                 "source", "task", "timing")
+
+    def __init__(self, name: str, task: str, sched: BaseSchedule, *, args: Any = (),
+                 kwargs: Any = None, options: Any = None, source: str, tz: Any,
+                 raw: str = "") -> None:
+        self.name, self.task, self.schedule, self.source = name, task, sched, source
+        self.args, self.kwargs, self.options = args, kwargs or {}, options or {}
+        self.schedule_key = schedule_key(sched)
+        self.timing = CeleryTiming(sched, tz)
+        #: A runtime entry's stored definition (to see it change); "" for the code's.
+        self.raw = raw
+
+
+def schedule_key(sched: BaseSchedule) -> str:
+    """What identifies a schedule across beat starts: its repr (Celery's schedules spell out
+    their fields), or its class when the repr is the default one naming a memory address."""
+    if type(sched) is schedule:  # its repr rounds: 0.2 s and 0.3 s both read "<freq: now>"
+        return f"schedule(run_every={sched.seconds!r}s, relative={sched.relative!r})"
+    text = repr(sched)
+    if " object at 0x" in text:
+        return f"{type(sched).__module__}.{type(sched).__qualname__}"
+    return text
+
+
+def code_entries(app: Any) -> dict[str, LoadedEntry]:
+    """The app's ``beat_schedule``, parsed by Celery's own ``ScheduleEntry`` (numbers and
+    ``timedelta`` become ``schedule``, ``relative`` is honoured), plus the result-cleanup entry
+    Celery's beat adds itself (``Scheduler.install_default_entries``) — here only for an app
+    that names a result backend: an app without one has nothing to clean up."""
+    found: dict[str, LoadedEntry] = {}
+    specs = dict(app.conf.beat_schedule or {})
+    if (app.conf.result_backend and app.conf.result_expires
+            and not app.backend.supports_autoexpire and BACKEND_CLEANUP not in specs):
+        specs[BACKEND_CLEANUP] = {"task": BACKEND_CLEANUP, "schedule": crontab("0", "4", "*"),
+                                  "options": {"expires": 12 * 3600}}
+    for name, spec in specs.items():
+        entry = ScheduleEntry(**dict(spec, name=name, app=app))
+        found[name] = LoadedEntry(name, entry.task, entry.schedule, args=entry.args,
+                                  kwargs=entry.kwargs, options=entry.options, source="code",
+                                  tz=app.timezone)
+    return found
+
+
+def entry_crons_exclusions(entries: Iterable[LoadedEntry]) -> list[str]:
+    """Sentry Crons patterns for the entries it cannot monitor (intervals that are not whole
+    minutes), as :func:`schedproj.telemetry.sentry.crons_exclusions` does for lanes."""
+    return [f"^{re.escape(e.name)}$" for e in entries
+            if type(e.schedule) is schedule and (e.schedule.seconds < 60
+                                                 or e.schedule.seconds % 60)]
+
+
+def schedule_of(definition: EntryDefinition, app: Any) -> BaseSchedule:
+    """The Celery schedule of a runtime definition; ValueError naming the fix when Celery
+    refuses the cron expression."""
+    if definition.cron is not None:
+        try:
+            return crontab.from_string(definition.cron)
+        except Exception as exc:  # celery's crontab parser raises several types
+            raise ValueError(f"cron {definition.cron!r} is not a valid crontab ({exc}); "
+                             "fields are minute hour day-of-month month day-of-week, "
+                             "e.g. '0 3 * * *'") from None
+    assert definition.every_s is not None
+    return schedule(definition.every_s, app=app)
+
+
+def runtime_entry(name: str, raw: str, app: Any, where: str) -> LoadedEntry:
+    """A runtime entry from its stored definition; StateError naming the key when unusable."""
+    definition = EntryDefinition.decode(raw, where)
+    try:
+        check_entry_name(name)
+        sched = schedule_of(definition, app)
+    except ValueError as exc:
+        raise StateError(where, str(exc)) from None
+    sched.app = app  # crontab.from_string builds an app-less schedule: use the app's clock
+    return LoadedEntry(name, definition.task, sched, args=definition.args,
+                       kwargs=definition.kwargs, options=definition.options, source="runtime",
+                       tz=app.timezone, raw=raw)
+
+
+class BeatEntries:
+    """The entries step of the active beat's tick."""
+
+    def __init__(self, app: Any, store: EntryStore, keys: Keys, token: str,
+                 apply_entry: Callable[[EntrySend], None], code: dict[str, LoadedEntry], *,
+                 max_look_s: float, reserved: Iterable[str] = ()) -> None:
+        self.app, self.store, self.keys, self.token = app, store, keys, token
+        self.apply_entry, self.max_look_s = apply_entry, max_look_s
+        #: Names taken by lanes: an entry may not share one (verbs and metrics name both).
+        self.reserved = frozenset(reserved)
+        self.code = code
+        for name in sorted(self.code.keys() & self.reserved):
+            logger.error("beat_schedule entry %r has the name of a lane: it is not run; rename "
+                         "the entry in beat_schedule", name)
+            del self.code[name]
+        self.entries: dict[str, LoadedEntry] = dict(self.code)
+        #: The earliest next look in the due index (None: nothing to look at, or unknown).
+        self.head: float | None = None
+        #: Errors already said (entry -> message), so each is said once per onset.
+        self._said: dict[str, str] = {}
+        self._refused = ""
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self.entries)
+
+    # -- taking over ----------------------------------------------------------------------------
+    def take_over(self, now: float) -> None:
+        """This beat just became active (or Redis lost state): load the runtime entries,
+        delete the state of entries that no longer exist, and index every entry for a look
+        now, so the ticks that follow judge each from its stored state."""
+        try:
+            self._load_runtime()
+            stored = self.store.all_states()
+            removed = sorted(stored.keys() - self.entries.keys())
+            if not self.store.rebuild_index(self.token, dict.fromkeys(self.entries, 0.0)):
+                raise BeatLockLost("the beat lock was lost while indexing the schedule entries")
+            if removed:
+                logger.info("schedule entries %s are no longer defined: their state is deleted",
+                            removed[:20] if len(removed) > 20 else removed)
+                self._written(self.store.write(self.token, (), removed=removed))
+            self.head = now if self.entries else None
+            if self.entries:
+                logger.info("beat %s: %d schedule entries (%d from beat_schedule, %d added at "
+                            "runtime)", self.token[:8], len(self.entries), len(self.code),
+                            len(self.entries) - len(self.code))
+        except redis.ResponseError as exc:
+            self._say_refused(exc)
+
+    def _load_runtime(self) -> list[str]:
+        """Read the runtime definitions; returns the names that were removed or changed."""
+        defs = self.store.definitions()
+        gone: list[str] = []
+        for name, entry in list(self.entries.items()):
+            if entry.source == "runtime" and defs.get(name) != entry.raw:
+                del self.entries[name]
+                gone.append(name)
+        for name, raw in defs.items():
+            if name in self.entries:
+                if name in self.code and self._said.get(name) != "shadowed":
+                    self._said[name] = "shadowed"
+                    logger.warning("runtime entry %r is also in beat_schedule: the code's "
+                                   "definition runs; remove one (`schedproj entry remove %s`)",
+                                   name, name)
+                continue
+            if name in self.reserved:
+                continue
+            try:
+                self.entries[name] = runtime_entry(name, raw, self.app,
+                                                   f"{self.keys.entry_defs} field {name!r}")
+            except StateError as exc:
+                self._say(name, str(exc))
+        return gone
+
+    # -- one tick -------------------------------------------------------------------------------
+    def tick(self, now: float, changed: bool) -> float | None:
+        """Send the entries due at ``now``; returns the next look (None: none known)."""
+        try:
+            if changed:
+                gone = self._load_runtime()
+                removed = [n for n in gone if n not in self.entries]
+                if removed:
+                    self._written(self.store.write(self.token, (), removed=removed))
+                for name in gone:
+                    if name in self.entries:  # changed: look at its new definition now
+                        self._written(self.store.write(self.token, (), looks={name: now}))
+                self.head = now
+            while self.head is not None and self.head <= now:
+                more = self._tick_once(now)
+                if not more:
+                    break
+            self._refused = ""
+            return self.head
+        except redis.ResponseError as exc:
+            self._say_refused(exc)
+            return None
+
+    def _tick_once(self, now: float) -> bool:
+        due = self.store.due(now)
+        unknown = sorted(due.forced - self.entries.keys())
+        if unknown:
+            self.store.done_forcing(unknown)
+        timings = {name: e.timing for name, e in self.entries.items() if name in due.states}
+        plan = plan_entries(due.states, due.states, timings,
+                            {name: self.entries[name].schedule_key for name in timings}, now,
+                            paused=due.paused, forced=due.forced & timings.keys(),
+                            max_look_s=self.max_look_s, where=self.keys.entries)
+        for name, problem in plan.errors.items():
+            self._say(name, problem)
+        # Indexed but no longer defined (removed while no beat ran, or a runtime definition
+        # that cannot be read): out of the index and the states.
+        removed = sorted({*plan.removed, *(n for n in due.states if n not in self.entries)})
+        result = self._written(self.store.write(
+            self.token, (*plan.starts, *plan.claims), looks=plan.looks, removed=removed))
+        self._send(plan, result, due.states, now)
+        forced_done = [c.name for c in plan.claims if c.name in due.forced]
+        self.store.done_forcing(forced_done)
+        return due.more
+
+    def _send(self, plan: EntryPlan, result: WriteResult, read: Mapping[str, str | None],
+              now: float) -> None:
+        lost = [c.name for c in plan.claims if not result.written.get(c.name)]
+        if lost:
+            logger.info("schedule entries %s changed since read (another beat or an operator): "
+                        "not sent this tick", lost)
+        for claim in plan.claims:
+            if not result.written.get(claim.name):
+                continue
+            entry = self.entries[claim.name]
+            message = EntrySend(name=entry.name, task=entry.task, schedule=entry.schedule,
+                                args=entry.args, kwargs=entry.kwargs, options=entry.options,
+                                last_run_at=datetime.fromtimestamp(claim.state.last_run_at,
+                                                                   tz=self.app.timezone),
+                                total_run_count=claim.state.total_run_count, app=self.app)
+            self.apply_entry(message)
+            if message.send_error is not None:
+                self._undo(claim, read.get(claim.name), message.send_error, now)
+
+    def _undo(self, claim: EntryClaim, before: str | None, error: BaseException,
+              now: float) -> None:
+        """The send failed after the claim: put the state it replaced back, so the due time
+        stays due and the next tick tries again (never skipped)."""
+        restore = before if before is not None else EntryState(
+            last_run_at=claim.state.last_run_at, schedule_key=claim.state.schedule_key).encode()
+        back = EntryClaim(claim.name, claim.state.encode(),
+                          _decoded_or(restore, claim.state), now + RESEND_AFTER_S)
+        result = self.store.write(self.token, (back,))
+        self._written(result)
+        logger.warning("schedule entry %r was not sent (%s: %s); it stays due and is tried "
+                       "again in %gs", claim.name, type(error).__name__, error, RESEND_AFTER_S)
+
+    def _written(self, result: WriteResult | None) -> WriteResult:
+        if result is None:
+            raise BeatLockLost("the beat lock was lost while writing schedule entries")
+        self.head = result.head
+        return result
+
+    def _say(self, name: str, problem: str) -> None:
+        if self._said.get(name) != problem:
+            self._said[name] = problem
+            logger.error("schedule entry %r: %s", name, problem)
+
+    def _say_refused(self, exc: redis.ResponseError) -> None:
+        if str(exc) != self._refused:
+            self._refused = str(exc)
+            logger.error("schedule entries: Redis refused a command (%s); one of %s, %s, %s, "
+                         "%s, %s holds a value of the wrong type — delete it; lanes keep "
+                         "running", exc, self.keys.entries, self.keys.entries_due,
+                         self.keys.entry_defs, self.keys.entries_paused,
+                         self.keys.entries_run_now)
+        self.head = None
+
+
+def _decoded_or(raw: str, fallback: EntryState) -> EntryState:
+    try:
+        return EntryState.decode(raw, "entry")
+    except StateError:
+        return fallback
+
+
+def entry_summaries(entries: Mapping[str, LoadedEntry]) -> list[dict[str, Any]]:
+    """What ``schedproj status`` and ``schedproj lanes`` show of each entry's definition."""
+    return [{"name": e.name, "task": e.task, "schedule": e.schedule_key, "source": e.source}
+            for e in sorted(entries.values(), key=lambda e: e.name)]
+
+
+__all__ = ["BeatEntries", "CeleryTiming", "EntrySend", "LoadedEntry", "code_entries",
+           "entry_summaries", "runtime_entry", "schedule_key", "schedule_of"]

@@ -1,0 +1,158 @@
+"""Schedule entries in Redis: their states and due index (written by the active beat only,
+compared and set under the beat lock), runtime definitions and the operator's sets."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import redis
+
+from schedproj.core.entries import EntryClaim, EntryDefinition
+from schedproj.store.protocol import ENTRIES_CHANGED_MEMBER, Keys
+from schedproj.store.scripts import register
+
+#: Stands for "no value stored" in the compare-and-set (a state is JSON, never this).
+NONE = "\x00none"
+#: An expected value that matches whatever is stored (deleting a removed entry).
+ANY = "\x00any"
+#: At most this many entries are read per round trip (one call of ``entry_read.lua``).
+READ_LIMIT = 1000
+#: Writes are sent in groups of this many entries per script call (each call is atomic;
+#: a call with hundreds of thousands would hold Redis for too long).
+WRITE_CHUNK = 2000
+
+
+@dataclass(frozen=True)
+class DueEntries:
+    """The entries due for a look, as read."""
+
+    states: Mapping[str, str | None]
+    paused: frozenset[str]
+    forced: frozenset[str]
+    #: The read was cut at :data:`READ_LIMIT`: more may be due.
+    more: bool
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """Which writes landed, and the due index's head and size after them."""
+
+    written: Mapping[str, bool]
+    head: float | None
+    size: int
+
+
+class EntryStore:
+    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+        self.client, self.keys = client, keys
+        self._write = register(client, "entry_write")
+        self._read = register(client, "entry_read")
+        self._index = register(client, "entry_index")
+
+    # -- the active beat ----------------------------------------------------------------------
+    def due(self, now: float) -> DueEntries:
+        k = self.keys
+        names, values, paused, forced = self._read(
+            keys=[k.entries_due, k.entries, k.entries_paused, k.entries_run_now],
+            args=[repr(now), READ_LIMIT])
+        states = {str(n): (str(v) if v is not None else None)
+                  for n, v in zip(names, values, strict=True)}
+        return DueEntries(states=states, paused=frozenset(map(str, paused)),
+                          forced=frozenset(map(str, forced)), more=len(names) >= READ_LIMIT)
+
+    def all_states(self) -> dict[str, str]:
+        """Every entry's stored state (a beat taking over reads them all once)."""
+        return {str(k): str(v) for k, v in self.client.hgetall(self.keys.entries).items()}
+
+    def write(self, token: str, claims: Sequence[EntryClaim], *,
+              looks: Mapping[str, float] = {}, removed: Sequence[str] = ()) -> WriteResult | None:
+        """Compare and set ``claims`` (state and next look), move ``looks``, delete
+        ``removed``; None if this beat no longer holds the lock (nothing written then)."""
+        groups: list[tuple[str, str, str, str]] = []
+        for c in claims:
+            groups.append((c.name, NONE if c.expected is None else c.expected,
+                           c.state.encode(), repr(c.next_look)))
+        for name, at in looks.items():
+            groups.append((name, "", "", repr(at)))
+        for name in removed:
+            groups.append((name, ANY, NONE, "0"))
+        written: dict[str, bool] = {}
+        head: float | None = None
+        size = 0
+        k = self.keys
+        for i in range(0, max(len(groups), 1), WRITE_CHUNK):
+            chunk = groups[i:i + WRITE_CHUNK]
+            reply = self._write(keys=[k.beat_lock, k.entries, k.entries_due, k.entries_run_now],
+                                args=[token, NONE, ANY, *(x for g in chunk for x in g)])
+            if int(reply[0]) == -1:
+                return None
+            *results, head_name, head_score, size = reply
+            for (name, _, value, _), ok in zip(chunk, results, strict=True):
+                if value:
+                    written[name] = int(ok) == 1
+            head = float(head_score) if head_name not in ("", None) else None
+        return WriteResult(written=written, head=head, size=int(size))
+
+    def rebuild_index(self, token: str, looks: Mapping[str, float]) -> bool:
+        """Replace the due index with ``looks`` (every known entry), under the lock; False
+        if this beat no longer holds it."""
+        items = list(looks.items())
+        for i in range(0, max(len(items), 1), WRITE_CHUNK):
+            pairs = [x for name, at in items[i:i + WRITE_CHUNK] for x in (name, repr(at))]
+            done = self._index(keys=[self.keys.beat_lock, self.keys.entries_due],
+                               args=[token, "1" if i == 0 else "0", *pairs])
+            if int(done) != 1:
+                return False
+        return True
+
+    def done_forcing(self, names: Sequence[str]) -> None:
+        if names:
+            self.client.srem(self.keys.entries_run_now, *names)
+
+    # -- runtime entries and operators ----------------------------------------------------------
+    def definitions(self) -> dict[str, str]:
+        return {str(k): str(v) for k, v in self.client.hgetall(self.keys.entry_defs).items()}
+
+    def put_definition(self, name: str, definition: EntryDefinition) -> None:
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hset(self.keys.entry_defs, name, definition.encode())
+        self._mark_changed(pipe, name)
+        pipe.execute()
+
+    def remove_definition(self, name: str) -> bool:
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hdel(self.keys.entry_defs, name)
+        self._mark_changed(pipe, name)
+        removed, *_ = pipe.execute()
+        return bool(removed)
+
+    def pause(self, name: str) -> None:
+        pipe = self.client.pipeline(transaction=True)
+        pipe.sadd(self.keys.entries_paused, name)
+        self._mark_changed(pipe, name)
+        pipe.execute()
+
+    def resume(self, name: str) -> int:
+        pipe = self.client.pipeline(transaction=True)
+        pipe.srem(self.keys.entries_paused, name)
+        self._mark_changed(pipe, name)
+        removed, *_ = pipe.execute()
+        return int(removed)
+
+    def run_now(self, name: str) -> None:
+        pipe = self.client.pipeline(transaction=True)
+        pipe.sadd(self.keys.entries_run_now, name)
+        self._mark_changed(pipe, name)
+        pipe.execute()
+
+    def _mark_changed(self, pipe: redis.client.Pipeline, name: str) -> None:
+        """Tell the active beat at its next tick (and wake it if it sleeps): the name is
+        looked at now, and the definitions re-read."""
+        pipe.zadd(self.keys.entries_due, {name: 0.0}, xx=True)
+        pipe.sadd(self.keys.changed, ENTRIES_CHANGED_MEMBER)
+        pipe.lpush(self.keys.wake, "entries")
+        pipe.ltrim(self.keys.wake, 0, 63)
+
+
+__all__ = ["ANY", "NONE", "READ_LIMIT", "DueEntries", "EntryStore", "WriteResult"]
