@@ -28,18 +28,38 @@ from schedproj.store.protocol import CounterKind, Keys, counter_field, run_field
 logger = logging.getLogger("schedproj.beat")
 
 
+#: What each cause of a quarantine says Redis lost (``lua/epoch.lua``), when it is a loss.
+LOSSES = {
+    "state-empty": "Redis holds no schedproj state any more, though this beat read some before "
+                   "(a restart without persistence, a failover, a flush)",
+    "state-missing": "Redis lost schedproj's epoch record but holds other schedproj state "
+                     "(keys evicted or deleted, a garbled record)",
+    "server-changed": "Redis is another server process than before (a restart or a failover)",
+}
+
+
 def say_state_loss(snap: Snapshot) -> None:
-    """Say loudly, once, that Redis lost state and what beat does about it."""
-    if not snap.epoch.cause:
+    """Say once, when this tick's epoch check started a quarantine, what Redis lost and what
+    beat does about it. A beat that starts on a Redis holding no schedproj state at all may be
+    on a new deployment as well as on a Redis that lost everything, and nothing in Redis tells
+    the two apart: the quarantine is the same, but that is said at WARNING, with the command
+    that skips it on a new deployment. Every other cause is a loss, said at ERROR."""
+    epoch = snap.epoch
+    if not epoch.cause:
         return
-    if snap.epoch.cause == "state-missing":
-        what = ("Redis holds no schedproj state (a restart without persistence, a "
-                "failover, or a first start)")
-    else:
-        what = "Redis is another server process than before (a restart or a failover)"
+    if epoch.cause == "state-empty" and not epoch.known_id:
+        logger.warning(
+            "first start or state loss: Redis holds no schedproj state (a new deployment, or "
+            "a Redis that lost all of it: beat cannot tell which), so no lane is dispatched "
+            "for %.1fs in case a heavy run from before a loss still holds a lease Redis "
+            "forgot. On a new deployment, `schedproj init` run before beat's first start "
+            "skips this wait (with beat's SCHEDPROJ_REDIS_URL or CELERY_BROKER_URL and "
+            "SCHEDPROJ_KEY_PREFIX)",
+            epoch.quarantine_left_s)
+        return
+    what = LOSSES.get(epoch.cause, f"Redis lost state ({epoch.cause})")
     logger.error("state loss: %s; no lane is dispatched for %.1fs while earlier runs "
-                 "re-assert their lease or in-flight mark", what,
-                 snap.epoch.quarantine_left_s)
+                 "re-assert their lease or in-flight mark", what, epoch.quarantine_left_s)
 
 
 class LossRecovery:

@@ -658,3 +658,49 @@ def test_the_tick_read_returns_what_changed_and_what_fell_due(store: LaneStore,
     assert idle.looked == () and idle.next_look == now + 100
     standby = store.tick_snapshot(token(), LONG_TTL, 0.0, cursor=None, now=now)
     assert not standby.lock.held and standby.looked == ()
+
+
+# -- what the epoch check saw: an empty Redis, a partial loss (lua/epoch.lua's cause) ----------
+
+
+def tick(store: LaneStore, beat: str) -> Any:
+    return store.tick_snapshot(beat, LONG_TTL, 20.0, cursor=None, now=time.time()).epoch
+
+
+def test_the_epoch_check_says_an_empty_redis_and_who_read_state_before(
+        store: LaneStore, client: redis.Redis, keys: Keys) -> None:
+    client.delete(keys.epoch)  # the fixture declared the prefix new: now it holds nothing
+    beat = token()
+    first = tick(store, beat)
+    assert first.cause == "state-empty" and first.known_id == ""
+    assert first.quarantine_left_s > 19, "an empty Redis waits the quarantine like any loss"
+    again = tick(store, beat)
+    assert again.cause == "" and again.known_id == first.id
+    client.delete(*client.scan_iter(f"{keys.prefix}:*"))  # then Redis loses everything
+    lost = tick(store, beat)
+    assert lost.cause == "state-empty" and lost.known_id == first.id != lost.id
+    # Without the keys that tell (the pipelined snapshot), nothing shows emptiness.
+    client.delete(*client.scan_iter(f"{keys.prefix}:*"))
+    assert LaneStore(client, keys).snapshot(token(), LONG_TTL, 20.0).epoch.cause == (
+        "state-missing")
+
+
+WITNESSES: dict[str, Callable[[redis.Redis, Keys], Any]] = {
+    "lane record": lambda c, k: c.hset(k.lanes, run_field("x"), encode(RunRecord(runs=1))),
+    "lease": lambda c, k: c.set(k.lease, json.dumps({"lane": "x"}), px=60_000),
+    "due index": lambda c, k: c.zadd(k.due, {"x": 1.0}),
+    "changed set": lambda c, k: c.sadd(k.changed, "x"),
+    "due stamp": lambda c, k: c.set(k.due_stamp, "1"),
+    "changed stamp": lambda c, k: c.set(k.changed_stamp, "1"),
+    "garbled epoch record": lambda c, k: c.set(k.epoch, "{not json"),
+}
+
+
+@pytest.mark.parametrize("left", sorted(WITNESSES))
+def test_a_lost_epoch_record_beside_other_state_is_a_partial_loss(
+        store: LaneStore, client: redis.Redis, keys: Keys, left: str) -> None:
+    client.delete(keys.epoch)
+    WITNESSES[left](client, keys)
+    epoch = tick(store, token())
+    assert epoch.cause == "state-missing" and epoch.known_id == ""
+    assert epoch.quarantine_left_s > 19

@@ -1,6 +1,7 @@
 -- Detect that Redis lost state, and say how long no new heavy lease may be granted.
--- KEYS[1] epoch record, KEYS[2] beat fence counter; ARGV[1] quarantine (ms), ARGV[2] id for a
--- new epoch, ARGV[3] record format version.
+-- KEYS[1] epoch record, KEYS[2] beat fence counter, KEYS[3...] (optional) keys that earlier
+-- schedproj state leaves behind (lane records, the lease, the due index and its stamps);
+-- ARGV[1] quarantine (ms), ARGV[2] id for a new epoch, ARGV[3] record format version.
 -- The epoch record names the Redis server process (its run_id) that holds this deployment's
 -- state. It is missing after a restart without persistence, and names another run_id after a
 -- restart or a failover to a replica that may lack the last writes. Either way a heavy run
@@ -15,7 +16,13 @@
 -- (run_cas.lua refuses it), so nothing dispatched before a loss ever starts after it, even
 -- from a broker that kept (or a replica that restored) the message.
 -- Returns {epoch id, server now (ms), quarantine until (ms), cause}; cause is '' when nothing
--- changed, else 'state-missing' | 'server-changed' (this call started the quarantine).
+-- changed, else (this call started the quarantine) 'server-changed', 'state-empty' (no epoch
+-- record and none of KEYS[3...]: a new deployment, or a Redis that lost everything) or
+-- 'state-missing' (no usable record while other state remains: keys evicted or deleted, a
+-- garbled record; also whenever KEYS[3...] are not given, as nothing then shows emptiness).
+-- The cause only tells what was seen: the quarantine is the same for each, because an empty
+-- Redis is also what a restart without persistence leaves while a heavy run still holds the
+-- lease it forgot, and nothing left in Redis can tell that from a first start.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or '?'
@@ -31,6 +38,9 @@ end
 local cause = ''
 if not rec then
   cause = 'state-missing'
+  if not raw and #KEYS > 2 and redis.call('EXISTS', unpack(KEYS, 3)) == 0 then
+    cause = 'state-empty'
+  end
   rec = {v = tonumber(ARGV[3]), id = ARGV[2]}
 elseif rec.run_id ~= run_id then
   cause = 'server-changed'

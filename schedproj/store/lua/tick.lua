@@ -48,7 +48,10 @@ if not ok or not sane(lock) then
     lock = beat_lock(lock_keys, lock_args)
   end
 end
-local epoch_keys, epoch_args = {KEYS[3], KEYS[2]}, {ARGV[3], ARGV[4], ARGV[5]}
+-- The lanes hash, the lease, the due index, the changed set and their stamps tell an empty
+-- Redis (a new deployment, or everything lost) from one that lost only part of its state.
+local epoch_keys = {KEYS[3], KEYS[2], KEYS[6], KEYS[7], KEYS[4], KEYS[5], KEYS[10], KEYS[11]}
+local epoch_args = {ARGV[3], ARGV[4], ARGV[5]}
 local ok_epoch, epoch_reply = pcall(epoch, epoch_keys, epoch_args)
 if not ok_epoch then
   if not fence_ok() then return BAD_FENCE end
