@@ -355,7 +355,7 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         self._reconciled_at = now
         if lost:
             e.recovery.put_back(remembered, now)
-        e.entries.take_over(now)
+        e.entries.take_over(now, put_back=lost)
         return self._snapshot(now, cursor=None)
 
     def _heal(self, snap: Snapshot, now: float) -> Snapshot:

@@ -10,6 +10,8 @@ own ``is_due``, in the app's time zone, as Celery's beat evaluates it.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -66,8 +68,8 @@ class LoadedEntry:
     """One entry as beat holds it: its definition (shared with the app's ``beat_schedule``,
     never copied) and where it came from."""
 
-    __slots__ = ("args", "kwargs", "name", "options", "raw", "schedule", "schedule_key",
-                 "source", "task", "timing")
+    __slots__ = ("args", "kwargs", "last_run_at", "name", "options", "raw", "runs",
+                 "schedule", "schedule_key", "source", "task", "timing")
 
     def __init__(self, name: str, task: str, sched: BaseSchedule, *, args: Any = (),
                  kwargs: Any = None, options: Any = None, source: str, tz: Any,
@@ -78,6 +80,18 @@ class LoadedEntry:
         self.timing = CeleryTiming(sched, tz)
         #: A runtime entry's stored definition (to see it change); "" for the code's.
         self.raw = raw
+        #: The state this beat last read or wrote (None: none yet), put back should Redis
+        #: lose it while this beat runs.
+        self.last_run_at: float | None = None
+        self.runs = 0
+
+    def remember(self, state: EntryState) -> None:
+        if state.schedule_key == self.schedule_key:
+            self.last_run_at, self.runs = state.last_run_at, state.total_run_count
+
+    def info(self) -> str:
+        return json.dumps({"task": self.task, "schedule": self.schedule_key,
+                           "source": self.source}, separators=(",", ":"))
 
 
 def schedule_key(sched: BaseSchedule) -> str:
@@ -173,13 +187,19 @@ class BeatEntries:
         return sorted(self.entries)
 
     # -- taking over ----------------------------------------------------------------------------
-    def take_over(self, now: float) -> None:
+    def take_over(self, now: float, *, put_back: bool = False) -> None:
         """This beat just became active (or Redis lost state): load the runtime entries,
         delete the state of entries that no longer exist, and index every entry for a look
-        now, so the ticks that follow judge each from its stored state."""
+        now, so the ticks that follow judge each from its stored state. With ``put_back``
+        (Redis lost state while this beat ran, and what it remembers is current), first write
+        back the states it remembers where Redis now holds none."""
         try:
+            if put_back:
+                self._put_back()
             self._load_runtime()
+            self.store.publish({name: e.info() for name, e in self.entries.items()})
             stored = self.store.all_states()
+            self._remember_all(stored)
             removed = sorted(stored.keys() - self.entries.keys())
             if not self.store.rebuild_index(self.token, dict.fromkeys(self.entries, 0.0)):
                 raise BeatLockLost("the beat lock was lost while indexing the schedule entries")
@@ -194,6 +214,25 @@ class BeatEntries:
                             len(self.entries) - len(self.code))
         except redis.ResponseError as exc:
             self._say_refused(exc)
+
+    def _runtime_raws(self) -> dict[str, str]:
+        return {name: e.raw for name, e in self.entries.items() if e.source == "runtime"}
+
+    def _put_back(self) -> None:
+        remembered = {name: EntryState(e.last_run_at, e.runs, e.schedule_key).encode()
+                      for name, e in self.entries.items() if e.last_run_at is not None}
+        if remembered:
+            n = self.store.put_back(remembered)
+            logger.warning("schedule entries: Redis lost their state; put back %d of the %d "
+                           "this beat remembers (no due time is sent twice or skipped for "
+                           "them)", n, len(remembered))
+
+    def _remember_all(self, stored: Mapping[str, str]) -> None:
+        for name, raw in stored.items():
+            entry = self.entries.get(name)
+            if entry is not None:
+                with contextlib.suppress(StateError):
+                    entry.remember(EntryState.decode(raw, self.keys.entries))
 
     def _load_runtime(self) -> list[str]:
         """Read the runtime definitions; returns the names that were removed or changed."""
@@ -225,13 +264,18 @@ class BeatEntries:
         """Send the entries due at ``now``; returns the next look (None: none known)."""
         try:
             if changed:
+                before = self._runtime_raws()
                 gone = self._load_runtime()
+                if self._runtime_raws() != before:
+                    self.store.publish({name: e.info() for name, e in self.entries.items()})
                 removed = [n for n in gone if n not in self.entries]
                 if removed:
                     self._written(self.store.write(self.token, (), removed=removed))
-                for name in gone:
-                    if name in self.entries:  # changed: look at its new definition now
-                        self._written(self.store.write(self.token, (), looks={name: now}))
+                # New or changed definitions: in the index, looked at now.
+                fresh = {n: now for n, raw in self._runtime_raws().items()
+                         if before.get(n) != raw}
+                if fresh and not self.store.rebuild_index(self.token, fresh, replace=False):
+                    raise BeatLockLost("the beat lock was lost while indexing runtime entries")
                 self.head = now
             while self.head is not None and self.head <= now:
                 more = self._tick_once(now)
@@ -260,6 +304,9 @@ class BeatEntries:
         removed = sorted({*plan.removed, *(n for n in due.states if n not in self.entries)})
         result = self._written(self.store.write(
             self.token, (*plan.starts, *plan.claims), looks=plan.looks, removed=removed))
+        for change in (*plan.starts, *plan.claims):
+            if result.written.get(change.name):
+                self.entries[change.name].remember(change.state)
         self._send(plan, result, due.states, now)
         forced_done = [c.name for c in plan.claims if c.name in due.forced]
         self.store.done_forcing(forced_done)
@@ -294,6 +341,8 @@ class BeatEntries:
                           _decoded_or(restore, claim.state), now + RESEND_AFTER_S)
         result = self.store.write(self.token, (back,))
         self._written(result)
+        if result is not None and result.written.get(claim.name):
+            self.entries[claim.name].remember(back.state)
         logger.warning("schedule entry %r was not sent (%s: %s); it stays due and is tried "
                        "again in %gs", claim.name, type(error).__name__, error, RESEND_AFTER_S)
 

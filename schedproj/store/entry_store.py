@@ -85,7 +85,7 @@ class EntryStore:
             chunk = groups[i:i + WRITE_CHUNK]
             reply = self._write(keys=[k.beat_lock, k.entries, k.entries_due, k.entries_run_now],
                                 args=[token, NONE, ANY, *(x for g in chunk for x in g)])
-            if int(reply[0]) == -1:
+            if len(reply) == 1:  # {-1}: not the lock holder
                 return None
             *results, head_name, head_score, size = reply
             for (name, _, value, _), ok in zip(chunk, results, strict=True):
@@ -94,17 +94,36 @@ class EntryStore:
             head = float(head_score) if head_name not in ("", None) else None
         return WriteResult(written=written, head=head, size=int(size))
 
-    def rebuild_index(self, token: str, looks: Mapping[str, float]) -> bool:
-        """Replace the due index with ``looks`` (every known entry), under the lock; False
-        if this beat no longer holds it."""
+    def rebuild_index(self, token: str, looks: Mapping[str, float], *,
+                      replace: bool = True) -> bool:
+        """Replace the due index with ``looks`` (every known entry; without ``replace``, add
+        them to it), under the lock; False if this beat no longer holds it."""
         items = list(looks.items())
         for i in range(0, max(len(items), 1), WRITE_CHUNK):
             pairs = [x for name, at in items[i:i + WRITE_CHUNK] for x in (name, repr(at))]
             done = self._index(keys=[self.keys.beat_lock, self.keys.entries_due],
-                               args=[token, "1" if i == 0 else "0", *pairs])
+                               args=[token, "1" if replace and i == 0 else "0", *pairs])
             if int(done) != 1:
                 return False
         return True
+
+    def publish(self, info: Mapping[str, str]) -> None:
+        """Replace what operators read of the entries (``Keys.entries_info``)."""
+        pipe = self.client.pipeline(transaction=True)
+        pipe.delete(self.keys.entries_info)
+        items = list(info.items())
+        for i in range(0, len(items), 10000):
+            pipe.hset(self.keys.entries_info, mapping=dict(items[i:i + 10000]))
+        pipe.execute()
+
+    def put_back(self, states: Mapping[str, str]) -> int:
+        """Write remembered states where Redis holds none (after Redis lost its state);
+        returns how many were put back."""
+        pipe = self.client.pipeline(transaction=False)
+        names = list(states)
+        for name in names:
+            pipe.hsetnx(self.keys.entries, name, states[name])
+        return sum(int(x) for x in pipe.execute())
 
     def done_forcing(self, names: Sequence[str]) -> None:
         if names:

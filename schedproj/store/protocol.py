@@ -179,6 +179,13 @@ class Keys:
         return f"{self.prefix}:entries:defs"
 
     @property
+    def entries_info(self) -> str:
+        """Hash: schedule entry -> what it is (JSON: task, schedule, source ``code`` or
+        ``runtime``), published by the active beat so status, metrics and the verbs work
+        without the app's code."""
+        return f"{self.prefix}:entries:info"
+
+    @property
     def entries_paused(self) -> str:
         """Set: schedule entries an operator paused (never sent until resumed)."""
         return f"{self.prefix}:entries:paused"

@@ -234,3 +234,81 @@ def test_solar_entries_are_judged_by_celerys_solar_schedule() -> None:
     assert due
     due, next_s = timing.check(datetime(2026, 6, 21, 12, 5, tzinfo=timezone.utc).timestamp())
     assert not due and 23 * 3600 < next_s < 25 * 3600
+
+
+def test_the_active_beat_puts_back_entry_states_redis_lost(
+        key_prefix: str, queues: redis.Redis, redis_client: redis.Redis,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Redis restarts empty while beat runs: the states it remembers go back, so an entry
+    neither runs again at once nor waits a fresh interval, and its count goes on."""
+    sched = FairScheduler(app=app_with(key_prefix, {"e": {"task": "shop.report",
+                                                          "schedule": 1.0}}))
+    sched.tick()
+    time.sleep(1.05)
+    sched.tick()
+    assert len(messages(queues, "celery")) == 1
+    ran_at = states(redis_client, key_prefix)["e"].last_run_at
+    redis_client.delete(*redis_client.scan_iter(f"{key_prefix}:*"))
+    with caplog.at_level("WARNING", logger="schedproj.beat"):
+        sched.tick()
+    assert "put back 1 of the 1" in caplog.text
+    back = states(redis_client, key_prefix)["e"]
+    assert back.last_run_at == ran_at and back.total_run_count == 1
+    assert len(messages(queues, "celery")) == 1, "the loss made the entry run again"
+    time.sleep(max(0.0, ran_at + 1.05 - time.time()))
+    sched.tick()
+    assert len(messages(queues, "celery")) == 2, "the put-back state did not come due"
+    sched.close()
+
+
+def test_runtime_entries_are_picked_up_changed_and_removed_within_one_tick(
+        key_prefix: str, queues: redis.Redis, redis_client: redis.Redis) -> None:
+    from schedproj.core.entries import EntryDefinition
+    from schedproj.store.entry_store import EntryStore
+
+    app = app_with(key_prefix, {})
+    store = EntryStore(redis_client, Keys(key_prefix))
+    sched = FairScheduler(app=app)
+    sched.tick()
+    store.put_definition("added", EntryDefinition.build(task="shop.report", every_s=0.3,
+                                                        args=["rt"]))
+    sched.tick()
+    assert "added" in sched.engine.entries.names
+    assert json.loads(redis_client.hget(Keys(key_prefix).entries_info, "added"))[
+        "source"] == "runtime"
+    time.sleep(0.35)
+    sched.tick()
+    assert [m["args"] for m in messages(queues, "celery")] == ["['rt']"]
+    store.put_definition("added", EntryDefinition.build(task="shop.report", every_s=3600,
+                                                        args=["changed"]))
+    sched.tick()
+    assert states(redis_client, key_prefix)["added"].total_run_count == 0, \
+        "a changed schedule starts from its new definition"
+    store.remove_definition("added")
+    sched.tick()
+    assert "added" not in sched.engine.entries.names
+    assert "added" not in states(redis_client, key_prefix)
+    assert redis_client.zscore(Keys(key_prefix).entries_due, "added") is None
+    sched.close()
+
+
+def test_paused_entries_wait_and_run_now_sends_at_the_next_tick(
+        key_prefix: str, queues: redis.Redis, redis_client: redis.Redis) -> None:
+    from schedproj.store.entry_store import EntryStore
+
+    store = EntryStore(redis_client, Keys(key_prefix))
+    sched = FairScheduler(app=app_with(key_prefix, {"e": {"task": "shop.report",
+                                                          "schedule": 3600.0}}))
+    sched.tick()
+    store.run_now("e")
+    sched.tick()
+    assert len(messages(queues, "celery")) == 1
+    assert not redis_client.smembers(Keys(key_prefix).entries_run_now)
+    store.pause("e")
+    store.run_now("e")
+    sched.tick()
+    assert len(messages(queues, "celery")) == 1, "a paused entry was sent"
+    store.resume("e")
+    sched.tick()
+    assert len(messages(queues, "celery")) == 2, "run-now waited past the resume"
+    sched.close()
