@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 import redis
@@ -205,18 +206,16 @@ def test_an_entry_named_like_a_lane_is_refused_at_start(key_prefix: str, queues:
 def test_crontab_is_judged_in_the_app_time_zone() -> None:
     """09:00 in Berlin is 08:00 UTC in winter: a last run at 08:59 Berlin makes 09:00 Berlin
     due, and 09:00 UTC (10:00 Berlin) is not what it waits for."""
-    berlin = datetime.now().astimezone().tzinfo  # replaced below; keeps mypy calm
-    from zoneinfo import ZoneInfo
     berlin = ZoneInfo("Europe/Berlin")
     app = Celery(set_as_current=False)
     app.conf.timezone = "Europe/Berlin"
-    clock = {"now": datetime(2026, 12, 3, 8, 0, 30, tzinfo=timezone.utc)}
+    clock = {"now": datetime(2026, 12, 3, 8, 0, 30, tzinfo=UTC)}
     nine = crontab(minute=0, hour=9, app=app, nowfun=lambda: clock["now"])
     timing = CeleryTiming(nine, berlin)
     last = datetime(2026, 12, 3, 8, 59, tzinfo=berlin).timestamp()
     due, next_s = timing.check(last)
     assert due and next_s == pytest.approx(24 * 3600 - 30, abs=1)
-    clock["now"] = datetime(2026, 12, 3, 7, 59, 0, tzinfo=timezone.utc)
+    clock["now"] = datetime(2026, 12, 3, 7, 59, 0, tzinfo=UTC)
     due, next_s = timing.check(datetime(2026, 12, 3, 8, 30, tzinfo=berlin).timestamp())
     assert not due and next_s == pytest.approx(60, abs=1)
 
@@ -225,14 +224,14 @@ def test_solar_entries_are_judged_by_celerys_solar_schedule() -> None:
     pytest.importorskip("ephem", reason="celery's solar schedule needs the ephem package")
     app = Celery(set_as_current=False)
     app.conf.timezone = "UTC"
-    clock = {"now": datetime(2026, 6, 21, 12, 0, tzinfo=timezone.utc)}
+    clock = {"now": datetime(2026, 6, 21, 12, 0, tzinfo=UTC)}
     noon = solar("solar_noon", 0.0, 0.0, app=app, nowfun=lambda: clock["now"])
-    timing = CeleryTiming(noon, timezone.utc)
+    timing = CeleryTiming(noon, UTC)
     # Solar noon at longitude 0 is near 12:00 UTC; a last run the noon before: due by 12:10.
-    clock["now"] = datetime(2026, 6, 21, 12, 10, tzinfo=timezone.utc)
-    due, _ = timing.check(datetime(2026, 6, 20, 12, 5, tzinfo=timezone.utc).timestamp())
+    clock["now"] = datetime(2026, 6, 21, 12, 10, tzinfo=UTC)
+    due, _ = timing.check(datetime(2026, 6, 20, 12, 5, tzinfo=UTC).timestamp())
     assert due
-    due, next_s = timing.check(datetime(2026, 6, 21, 12, 5, tzinfo=timezone.utc).timestamp())
+    due, next_s = timing.check(datetime(2026, 6, 21, 12, 5, tzinfo=UTC).timestamp())
     assert not due and 23 * 3600 < next_s < 25 * 3600
 
 
