@@ -46,6 +46,7 @@ except PackageNotFoundError:  # a bare checkout on PYTHONPATH, never installed
 if TYPE_CHECKING:
     from schedproj.on_celery.task import LaneTask, current_run
     from schedproj.ops.apps import configure_app, create_app
+    from schedproj.ops.runtime_entries import add_entry, list_entries, remove_entry
     from schedproj.settings import Settings
 
 #: Public names that live outside the pure core: where each one is loaded from on first use.
@@ -55,6 +56,9 @@ _LAZY = {
     "LaneTask": "schedproj.on_celery.task",
     "current_run": "schedproj.on_celery.task",
     "Settings": "schedproj.settings",
+    "add_entry": "schedproj.ops.runtime_entries",
+    "remove_entry": "schedproj.ops.runtime_entries",
+    "list_entries": "schedproj.ops.runtime_entries",
 }
 
 
@@ -85,7 +89,10 @@ __all__ = [
     "Settings",
     "StateError",
     "__version__",
+    "add_entry",
     "configure_app",
     "create_app",
     "current_run",
+    "list_entries",
+    "remove_entry",
 ]

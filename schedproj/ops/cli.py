@@ -97,8 +97,10 @@ def lanes(app_name: str, lanes: str | None, as_json: bool) -> None:
 @click.option("-A", "--app", "app_name", default=DEFAULT_APP, show_default=True,
               help="Celery app the processes load.")
 @click.option("--lanes", help="Comma-separated lane modules (sets SCHEDPROJ_LANE_MODULES).")
-@click.option("--light-concurrency", default=2, show_default=True, type=click.IntRange(1))
-@click.option("--loglevel", default="info", show_default=True)
+@click.option("--light-concurrency", default=2, show_default=True, type=click.IntRange(1),
+              help="Concurrency of the light worker (the heavy worker is always -c 1).")
+@click.option("--loglevel", default="info", show_default=True,
+              help="Log level of beat and both workers.")
 @click.option("--for", "duration_s", type=click.FloatRange(min=0.1), default=None,
               help="Stop after this many seconds (default: until Ctrl-C).")
 @click.option("--restart/--no-restart", default=True, show_default=True,
@@ -150,11 +152,14 @@ def _redis_for(env: dict[str, str]) -> Iterator[str | None]:
               show_default=True, help="Heavy hold cap for the demo (seconds).")
 @click.option("--latency", "latency_s", type=click.FloatRange(min=0), default=0.01,
               show_default=True, help="Simulated model latency per summarizer call (s).")
-@click.option("--long-sessions", type=click.IntRange(min=0), default=24, show_default=True)
-@click.option("--short-sessions", type=click.IntRange(min=0), default=150, show_default=True)
+@click.option("--long-sessions", type=click.IntRange(min=0), default=24, show_default=True,
+              help="Seeded sessions over the context window (they need per-turn backfill).")
+@click.option("--short-sessions", type=click.IntRange(min=0), default=150, show_default=True,
+              help="Seeded sessions waiting for a summary.")
 @click.option("--redis-url", help="Use this Redis (default: CELERY_BROKER_URL, a local one, "
               "or a private one started for the demo).")
-@click.option("--default-url", default="redis://127.0.0.1:6379/0", hidden=True)
+@click.option("--default-url", default="redis://127.0.0.1:6379/0", hidden=True,
+              help="The local Redis tried before a private one is started (tests).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--compare", is_flag=True, help="Run the staleness policy, then the legacy "
               "registry policy, on the same seed and budget; print both reports side by side.")
@@ -252,14 +257,16 @@ def init() -> None:
               help="List the members of lane family NAME instead of the lanes (families "
                    "are shown folded otherwise).")
 def status(as_json: bool, watch_s: float | None, family: str | None) -> None:
-    """Lanes, lease, deferral chain, watchdog and active beat — read from Redis only."""
+    """Lanes, lease, deferral chain, watchdog, active beat and schedule entries — read from
+    Redis only."""
     import redis as redis_lib
     from rich.live import Live
 
     from schedproj.store.connection import describe_failure
+    from schedproj.telemetry.entries_view import read_entries
     from schedproj.telemetry.observe import observe
     from schedproj.telemetry.status import as_json as status_json
-    from schedproj.telemetry.status import printable, render
+    from schedproj.telemetry.status import entries_table, printable, render
 
     settings, client, keys = _state_handles()
 
@@ -277,22 +284,33 @@ def status(as_json: bool, watch_s: float | None, family: str | None) -> None:
         return obs, obs.health(starvation_threshold_s=settings.starvation_threshold_s,
                                hold_cap_s=settings.hold_cap_s, profile=settings.profile)
 
+    def entries() -> Any:
+        with _reaching(settings):
+            return read_entries(client, keys)
+
     if as_json:
         obs, health = snapshot()
-        click.echo(json.dumps(status_json(obs, health, family), indent=2, default=str))
+        view = entries()
+        click.echo(json.dumps({**status_json(obs, health, family), "entries": view.rows(),
+                               "entry_problems": list(view.problems)}, indent=2, default=str))
         return
     console = Console(width=None if sys.stdout.isatty() else 160)
+
+    def page() -> Any:
+        from rich.console import Group
+
+        return Group(render(*snapshot(), family=family), entries_table(entries()))
+
     if watch_s is None:
-        console.print(render(*snapshot(), family=family))
+        console.print(page())
         return
     import time
 
-    with Live(render(*snapshot(), family=family), console=console,
-              refresh_per_second=4) as live:
+    with Live(page(), console=console, refresh_per_second=4) as live:
         try:
             while True:
                 time.sleep(watch_s)
-                live.update(render(*snapshot(), family=family))
+                live.update(page())
         except KeyboardInterrupt:
             pass
 
@@ -346,6 +364,110 @@ def _known_lane(client: Any, keys: Any, lane: str) -> None:
             f"there declares other lanes ({', '.join(names) or 'none'}): two apps share the "
             "prefix. Fix: start this app's beat, or give each app its own SCHEDPROJ_KEY_PREFIX")
     raise click.ClickException(f"no lane {lane!r}; the lanes are: {', '.join(names) or 'none'}")
+
+
+def _is_entry(client: Any, keys: Any, name: str) -> bool:
+    """A schedule entry the active beat published, or a runtime entry (maybe not yet read)."""
+    return bool(client.hexists(keys.entries_info, name) or client.hexists(keys.entry_defs, name))
+
+
+@main.group()
+def entry() -> None:
+    """Add, change, remove and list schedule entries at runtime (no deploy): a task sent every
+    N seconds or on a cron expression, beside the app's beat_schedule. The active beat picks a
+    change up at its next tick."""
+
+
+@entry.command(name="add")
+@click.argument("name")
+@click.argument("task")
+@click.option("--every", "every_s", type=float, default=None, metavar="SECONDS",
+              help="Send every SECONDS.")
+@click.option("--cron", default=None, metavar="'M H DoM Mon DoW'",
+              help="Send on this crontab (five fields), in the app's time zone.")
+@click.option("--args", "args_json", default="[]", show_default=True,
+              help="Positional arguments, a JSON list.")
+@click.option("--kwargs", "kwargs_json", default="{}", show_default=True,
+              help="Keyword arguments, a JSON object.")
+@click.option("--queue", default=None, help="Queue to send to (default: the app's routing).")
+@click.option("--options", "options_json", default="{}", show_default=True,
+              help="Other message options, a JSON object (priority, expires, headers ...).")
+@click.option("-A", "--app", "app_name", default=None,
+              help="Check the task name against this app (else it is not checked).")
+def entry_add(name: str, task: str, every_s: float | None, cron: str | None, args_json: str,
+              kwargs_json: str, queue: str | None, options_json: str,
+              app_name: str | None) -> None:
+    """Add schedule entry NAME sending TASK, or change it if added at runtime before."""
+    from schedproj.ops.runtime_entries import define
+
+    def parsed(option: str, text: str) -> Any:
+        try:
+            return json.loads(text)
+        except ValueError as exc:
+            raise click.ClickException(f"{option} is not JSON ({exc}): {text!r}") from None
+
+    settings, client, keys = _state_handles()
+    app = _load_app(app_name, None) if app_name else None
+    with _reaching(settings):
+        try:
+            added = define(client, keys, name, task, every=every_s, cron=cron,
+                           args=parsed("--args", args_json),
+                           kwargs=parsed("--kwargs", kwargs_json), queue=queue,
+                           options=parsed("--options", options_json), app=app)
+        except SchedprojError as exc:
+            raise click.ClickException(str(exc)) from None
+    for warning in added.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    if app is None:
+        click.echo("note: task name not checked (pass -A APP to check it)", err=True)
+    when = f"every {every_s:g}s" if every_s is not None else f"cron '{added.definition.cron}'"
+    click.echo(f"{'changed' if added.replaced else 'added'} schedule entry {name}: {task} {when}")
+
+
+@entry.command(name="remove")
+@click.argument("name")
+def entry_remove(name: str) -> None:
+    """Remove runtime schedule entry NAME (its state goes at beat's next tick)."""
+    from schedproj.ops.runtime_entries import undefine
+
+    settings, client, keys = _state_handles()
+    with _reaching(settings):
+        if not undefine(client, keys, name):
+            raise click.ClickException(
+                f"no runtime schedule entry {name!r} (entries of the app's beat_schedule are "
+                "removed in the code); `schedproj entry list` shows them")
+    click.echo(f"removed schedule entry {name}")
+
+
+@entry.command(name="list")
+@click.option("--json", "as_json", is_flag=True, help="Print the entries as JSON.")
+def entry_list(as_json: bool) -> None:
+    """List every schedule entry the active beat runs (beat_schedule and runtime) with its last
+    run and next due time, and runtime entries beat has not read yet."""
+    from schedproj.telemetry.entries_view import read_entries
+
+    settings, client, keys = _state_handles()
+    with _reaching(settings):
+        rows = read_entries(client, keys).rows()
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    table = Table(title=f"schedule entries ({len(rows)})")
+    for col in ("name", "task", "schedule", "source", "last run", "next due", "runs", "paused"):
+        table.add_column(col, no_wrap=col == "name")
+    for r in rows:
+        table.add_row(r["name"], r["task"], r["schedule"], r["source"],
+                      _when(r["last_run_at"]), _when(r["next_due_at"]), str(r["runs"]),
+                      "yes" if r["paused"] else "")
+    Console(width=None if sys.stdout.isatty() else 160).print(table)
+
+
+def _when(at: float | None) -> str:
+    import datetime as dt
+
+    if at is None:
+        return "-"
+    return dt.datetime.fromtimestamp(at, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 @main.group()
@@ -415,11 +537,17 @@ def family_list(family_name: str) -> None:
 @main.command()
 @click.argument("lane")
 def pause(lane: str) -> None:
-    """Stop dispatching LANE until resumed (a run in progress finishes)."""
+    """Stop dispatching LANE (or sending schedule entry LANE) until resumed (a run in
+    progress finishes)."""
     settings, client, keys = _state_handles()
+    from schedproj.store.entry_store import EntryStore
     from schedproj.store.lane_store import LaneStore
 
     with _reaching(settings):
+        if _is_entry(client, keys, lane):
+            EntryStore(client, keys).pause(lane)
+            click.echo(f"paused schedule entry {lane}")
+            return
         _known_lane(client, keys, lane)
         LaneStore(client, keys).pause(lane)
     click.echo(f"paused {lane}")
@@ -428,11 +556,16 @@ def pause(lane: str) -> None:
 @main.command()
 @click.argument("lane")
 def resume(lane: str) -> None:
-    """Dispatch LANE again when it is due."""
+    """Dispatch LANE (or send schedule entry LANE) again when it is due."""
     settings, client, keys = _state_handles()
+    from schedproj.store.entry_store import EntryStore
     from schedproj.store.lane_store import LaneStore
 
     with _reaching(settings):
+        if _is_entry(client, keys, lane):
+            done = EntryStore(client, keys).resume(lane)
+            click.echo(f"resumed schedule entry {lane}" if done else f"{lane} was not paused")
+            return
         removed = LaneStore(client, keys).resume(lane)
         if not removed:
             _known_lane(client, keys, lane)
@@ -443,11 +576,16 @@ def resume(lane: str) -> None:
 @click.argument("lane")
 def run_now(lane: str) -> None:
     """Make LANE due now; beat dispatches it when it wins (a heavy lane still needs the
-    lease)."""
+    lease). For a schedule entry: send it at beat's next tick (it counts as a run)."""
     settings, client, keys = _state_handles()
+    from schedproj.store.entry_store import EntryStore
     from schedproj.store.lane_store import LaneStore
 
     with _reaching(settings):
+        if _is_entry(client, keys, lane):
+            EntryStore(client, keys).run_now(lane)
+            click.echo(f"schedule entry {lane} will be sent at beat's next tick")
+            return
         _known_lane(client, keys, lane)
         LaneStore(client, keys).run_now(lane)
     click.echo(f"{lane} will run at the next tick it can (heavy lanes wait for the lease)")
@@ -493,7 +631,8 @@ def clear_lease(app_name: str, timeout_s: float, how: str | None, wait_s: float)
 @main.command()
 @click.option("--duration", "duration_s", type=click.FloatRange(min=20), default=None,
               help="How long to run at least (seconds; default 120, the long profile 600).")
-@click.option("--heavy-workers", type=click.IntRange(min=2), default=3, show_default=True)
+@click.option("--heavy-workers", type=click.IntRange(min=2), default=3, show_default=True,
+              help="Heavy workers in the fleet (the faults kill and pause them).")
 @click.option("--fault-every", "fault_every_s", type=click.FloatRange(min=2), default=4.0,
               show_default=True, help="Seconds between injected faults.")
 @click.option("--sentinel", is_flag=True, default=None,

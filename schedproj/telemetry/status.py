@@ -13,6 +13,7 @@ from rich.text import Text
 
 from schedproj.core.families import FamilyStats, fold, split_member
 from schedproj.core.health import Health
+from schedproj.telemetry.entries_view import EntriesView
 from schedproj.telemetry.observe import Observation
 
 #: C0 and C1 control characters and DEL: an escape sequence in a lane's failure reason (say
@@ -241,3 +242,31 @@ def render(obs: Observation, health: Health, family: str | None = None) -> Group
         lines.append(f"problem: {problem}")
     folded = [_family_table(obs, health)] if obs.families and family is None else []
     return Group(table, *folded, *(cell(line) for line in lines))
+
+
+#: At most this many schedule entries are listed (the earliest due first); the rest counted.
+ENTRIES_SHOWN = 50
+
+
+def entries_table(view: EntriesView, now: float | None = None) -> Group:
+    """The schedule entries: the earliest due first, with last run, runs and problems."""
+    import time
+
+    now = time.time() if now is None else now
+    rows = sorted(view.entries, key=lambda e: (e.next_due_at is None, e.next_due_at or 0.0))
+    table = Table(title=f"schedule entries ({len(rows)})")
+    for col in ("entry", "task", "schedule", "source", "last run", "next due", "runs", "state"):
+        table.add_column(col, no_wrap=col == "entry")
+    for e in rows[:ENTRIES_SHOWN]:
+        due = "-" if e.next_due_at is None else (
+            "now" if e.next_due_at <= now else f"in {_duration(e.next_due_at - now)}")
+        table.add_row(*(cell(v) for v in (
+            e.name, e.task, e.schedule, e.source, _ago(now, e.last_run_at), due, e.runs,
+            "paused" if e.paused else ("error" if e.problem else "ok"))))
+    lines = [f"... and {len(rows) - ENTRIES_SHOWN} more (schedproj entry list)"] \
+        if len(rows) > ENTRIES_SHOWN else []
+    lines += [f"error [entry {e.name}]: {e.problem}" for e in rows if e.problem]
+    lines += [f"problem: {p}" for p in view.problems]
+    if not rows and not lines:
+        return Group()
+    return Group(table, *(cell(line) for line in lines))

@@ -1,0 +1,101 @@
+"""Read-only view of the schedule entries (the app's beat_schedule and runtime entries), for
+status, the status page, metrics and ``schedproj entry list``. Reads Redis only, in one round
+trip; a key of the wrong type is named in ``problems`` and read as empty."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from schedproj.core.entries import EntryDefinition, EntryState
+from schedproj.core.errors import StateError
+from schedproj.store.protocol import Keys
+
+
+@dataclass(frozen=True)
+class EntryRow:
+    name: str
+    task: str
+    schedule: str
+    source: str
+    last_run_at: float | None
+    runs: int
+    next_due_at: float | None
+    paused: bool
+    #: Why its state or definition cannot be read ("" when it can).
+    problem: str = ""
+
+
+@dataclass(frozen=True)
+class EntriesView:
+    entries: tuple[EntryRow, ...] = ()
+    problems: tuple[str, ...] = field(default_factory=tuple)
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [{"name": e.name, "task": e.task, "schedule": e.schedule, "source": e.source,
+                 "last_run_at": e.last_run_at, "runs": e.runs, "next_due_at": e.next_due_at,
+                 "paused": e.paused, "problem": e.problem} for e in self.entries]
+
+
+def read_entries(client: redis.Redis, keys: Keys) -> EntriesView:
+    pipe = client.pipeline(transaction=False)
+    pipe.hgetall(keys.entries_info)
+    pipe.hgetall(keys.entries)
+    pipe.zrange(keys.entries_due, 0, -1, withscores=True)
+    pipe.smembers(keys.entries_paused)
+    pipe.hgetall(keys.entry_defs)
+    replies = pipe.execute(raise_on_error=False)
+    problems: list[str] = []
+    names = (keys.entries_info, keys.entries, keys.entries_due, keys.entries_paused,
+             keys.entry_defs)
+    empty: tuple[Any, ...] = ({}, {}, [], set(), {})
+    values = []
+    for key, reply, blank in zip(names, replies, empty, strict=True):
+        if isinstance(reply, redis.ResponseError):
+            problems.append(f"{key} holds a value of the wrong type ({reply}); delete it")
+            reply = blank
+        values.append(reply)
+    info, states, due, paused, defs = values
+    scores = {str(n): float(s) for n, s in due}
+    rows: list[EntryRow] = []
+    for name in sorted(set(info) | set(defs)):
+        task, schedule, source, problem = _described(name, info.get(name), defs.get(name), keys)
+        last, runs = None, 0
+        raw = states.get(name)
+        if raw is not None:
+            try:
+                state = EntryState.decode(raw, f"{keys.entries} field {name!r}")
+                last, runs = state.last_run_at, state.total_run_count
+            except StateError as exc:
+                problem = problem or str(exc)
+        rows.append(EntryRow(name=name, task=task, schedule=schedule, source=source,
+                             last_run_at=last, runs=runs, next_due_at=scores.get(name),
+                             paused=name in paused, problem=problem))
+    return EntriesView(entries=tuple(rows), problems=tuple(problems))
+
+
+def _described(name: str, info: str | None, definition: str | None,
+               keys: Keys) -> tuple[str, str, str, str]:
+    """(task, schedule, source, problem): what beat published, else the runtime definition
+    beat has not read yet."""
+    if info is not None:
+        try:
+            data = json.loads(info)
+            return (str(data.get("task", "?")), str(data.get("schedule", "?")),
+                    str(data.get("source", "?")), "")
+        except (ValueError, AttributeError):
+            pass
+    if definition is not None:
+        try:
+            d = EntryDefinition.decode(definition, f"{keys.entry_defs} field {name!r}")
+        except StateError as exc:
+            return "?", "?", "runtime", str(exc)
+        when = f"every {d.every_s:g}s" if d.every_s is not None else f"cron {d.cron}"
+        return d.task, when, "runtime (not yet read by beat)", ""
+    return "?", "?", "?", f"{keys.entries_info} field {name!r} is not JSON"
+
+
+__all__ = ["EntriesView", "EntryRow", "read_entries"]
