@@ -1,12 +1,15 @@
 """The compose deployment, built and run under a real Docker engine.
 
 ``compose/docker-compose.yml`` with the test-only override ``compose/docker-compose.test.yml``
-(every service on the host's network, on loopback ports picked here): build the image, ``up
---wait`` with every service healthy (Redis with its append-only file, beat, heavy scaled to 3,
-light, Flower behind basic auth), lanes run on both queues, Flower's API answers only with the
-password, the container whose worker holds the lease is killed and the lease moves within its
-TTL with no two heavy runs overlapping, beat's container is killed and its restart policy
-brings it back and dispatching resumes, and ``down -v`` leaves nothing behind.
+(every service on the host's network, on loopback ports picked here). The default run: build
+the image, ``up --wait`` with every service healthy (Redis with its append-only file, beat, one
+heavy worker, light, Flower behind basic auth), beat's first start logs no ERROR, lanes run on
+both queues on their own workers, Flower's API answers only with the password, beat serves its
+metrics, and ``down -v`` leaves nothing behind. Marked ``slow`` (``.venv/bin/python -m pytest
+tests/e2e/test_compose_docker.py -m slow``; docs/testing.md): heavy scaled to 3, the container
+whose worker holds the lease is killed and the lease moves within its TTL with no two heavy
+runs overlapping, and beat's container is killed and its restart policy brings it back and
+dispatching resumes.
 
 The engine: one that answers, else ``scripts/docker_engine.sh`` starts dockerd with
 ``--iptables=false --bridge=none`` (and stops it at the end). Without Docker Hub the base image
@@ -51,7 +54,12 @@ CONTEXT = ["pyproject.toml", "README.md", "schedproj", "workers", "beat", "compo
 #: One tag per run (runs may share an engine), removed at the end.
 IMAGE = f"schedproj:compose-test-{os.getpid()}"
 LEASE_TTL_S = 5.0
+#: Heavy workers the deployment starts with (the default run), and after the slow tests scale
+#: it out (to see the lease move between replicas).
+HEAVY_AT_START = 1
 HEAVY_REPLICAS = 3
+#: Seconds `down` gives a container to stop: only what it leaves behind is tested.
+STOP_TIMEOUT_S = "3"
 FLOWER_AUTH = "admin:compose-test-secret"
 #: Redis asks every client for it; beat's status page asks for the other.
 REDIS_PASSWORD = "composeTestRedis1"
@@ -227,19 +235,47 @@ def deployment(engine: None, request: pytest.FixtureRequest) -> Iterator[Deploym
                      interfaces_before=interfaces)
     t0 = time.monotonic()
     up = dep.compose("up", "-d", "--no-build", "--wait", "--wait-timeout", "240",
-                     "--scale", f"heavy={HEAVY_REPLICAS}", timeout=300, check=False)
+                     "--scale", f"heavy={HEAVY_AT_START}", timeout=300, check=False)
     figures["up --wait until every service is healthy"] = time.monotonic() - t0
     try:
         assert up.returncode == 0, f"{up.stderr[-3000:]}\n{dep.diagnostics()}"
         yield dep
     finally:
-        dep.compose("down", "-v", "--timeout", "10", timeout=180, check=False)
+        dep.compose("down", "-v", "--timeout", STOP_TIMEOUT_S, timeout=180, check=False)
         run(["docker", "rmi", IMAGE], check=False)
         capture = request.config.pluginmanager.get_plugin("capturemanager")
         with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
             print()
             for name, seconds in figures.items():
                 print(f"compose figures: {name}: {seconds:.2f} s")
+
+
+@pytest.fixture(scope="module")
+def scaled_out(deployment: Deployment) -> Deployment:
+    """The deployment with heavy scaled to ``HEAVY_REPLICAS`` (the slow tests')."""
+    t0 = time.monotonic()
+    up = deployment.compose("up", "-d", "--no-build", "--wait", "--wait-timeout", "240",
+                            "--scale", f"heavy={HEAVY_REPLICAS}", timeout=300, check=False)
+    deployment.figures[f"scale heavy to {HEAVY_REPLICAS}, every replica healthy"] = (
+        time.monotonic() - t0)
+    assert up.returncode == 0, f"{up.stderr[-3000:]}\n{deployment.diagnostics()}"
+    return deployment
+
+
+def flower_workers(deployment: Deployment, heavy: int) -> set[str]:
+    """The workers Flower lists, once it lists ``heavy`` heavy ones and the light one."""
+    base = f"http://127.0.0.1:{deployment.flower_port}"
+
+    def workers() -> set[str] | None:
+        status, body = http(f"{base}/api/workers?refresh=1", FLOWER_AUTH)
+        assert status == 200, status
+        names = set(json.loads(body))
+        listed = {n for n in names if n.startswith("heavy-")}
+        return names if len(listed) == heavy and any(
+            n.startswith("light@") for n in names) else None
+
+    return wait_for(workers, 60, f"Flower to list {heavy} heavy workers and the light one",
+                    poll_s=2)
 
 
 # -- helpers over the deployment's Redis ----------------------------------------------------
@@ -284,7 +320,7 @@ def test_every_service_is_up_and_healthy_on_the_hosts_loopback(deployment: Deplo
     for row in rows:
         by_service.setdefault(row["Service"], []).append(row)
     assert {s: len(v) for s, v in by_service.items()} == {
-        "redis": 1, "beat": 1, "heavy": HEAVY_REPLICAS, "light": 1, "flower": 1}
+        "redis": 1, "beat": 1, "heavy": HEAVY_AT_START, "light": 1, "flower": 1}
     for row in rows:
         assert row["State"] == "running" and row["Health"] == "healthy", row
         config = deployment.inspect(row["ID"])["HostConfig"]
@@ -303,11 +339,14 @@ def test_no_secret_in_a_command_line_and_beat_starts_without_an_error(
                             info["Config"].get("Entrypoint")])
         assert not [s for s in secrets if s in shown], f"{row['Name']}: {shown}"
     logs = deployment.compose("logs", "--no-color", "beat", timeout=60).stdout
-    # A first start on an empty Redis says so (beat cannot tell it from a state loss; see
-    # `schedproj init`); nothing else at start is an error, the status page included.
-    errors = [line for line in logs.splitlines()
-              if ": ERROR/" in line and "state loss:" not in line]
+    # Nothing at start is an error, the status page included. The first start on an empty
+    # Redis (beat cannot tell it from a loss of everything) is a warning naming the command
+    # that skips its wait.
+    errors = [line for line in logs.splitlines() if ": ERROR/" in line]
     assert not errors and "status page refused" not in logs, errors
+    first = [line for line in logs.splitlines() if "first start or state loss:" in line]
+    assert len(first) == 1 and ": WARNING/" in first[0], first
+    assert "`schedproj init`" in first[0], first
     assert deployment.redis().ping()  # with the password; without it Redis refuses
     anonymous = redis.Redis(host="127.0.0.1", port=deployment.redis_port, socket_timeout=5)
     with pytest.raises(redis.AuthenticationError):
@@ -360,17 +399,7 @@ def test_flower_api_answers_with_the_password_and_refuses_without(
     assert http(f"{base}/api/workers")[0] == 401
     assert http(f"{base}/api/workers", "admin:wrong")[0] == 401
     assert http(f"{base}/")[0] == 401
-
-    def workers() -> set[str] | None:
-        status, body = http(f"{base}/api/workers?refresh=1", FLOWER_AUTH)
-        assert status == 200, status
-        names = set(json.loads(body))
-        heavy = {n for n in names if n.startswith("heavy-")}
-        return names if len(heavy) == HEAVY_REPLICAS and any(
-            n.startswith("light@") for n in names) else None
-
-    names = wait_for(workers, 60, "Flower to list 3 heavy workers and the light one", poll_s=2)
-    assert len({n.split("@")[0] for n in names if n.startswith("heavy-")}) == HEAVY_REPLICAS
+    flower_workers(deployment, HEAVY_AT_START)
 
 
 def test_beat_serves_metrics_the_dashboard_shows(deployment: Deployment) -> None:
@@ -391,8 +420,22 @@ def test_beat_serves_metrics_the_dashboard_shows(deployment: Deployment) -> None
         assert lint.returncode == 0, lint.stdout + lint.stderr
 
 
+@pytest.mark.slow
+def test_heavy_scales_out_each_replica_its_own_worker(scaled_out: Deployment) -> None:
+    rows = scaled_out.containers("heavy")
+    assert len(rows) == HEAVY_REPLICAS
+    assert all(row["State"] == "running" and row["Health"] == "healthy" for row in rows), rows
+    # On the host's network every replica has the host's name: each is named after its
+    # container, so Flower (and the lease's holder) tells them apart.
+    names = flower_workers(scaled_out, HEAVY_REPLICAS)
+    heavy = {n.split("@")[0] for n in names if n.startswith("heavy-")}
+    assert heavy == {f"heavy-{row['ID'][:12]}" for row in rows}, (heavy, rows)
+
+
+@pytest.mark.slow
 def test_killing_the_lease_holders_container_moves_the_lease_within_its_ttl(
-        deployment: Deployment) -> None:
+        scaled_out: Deployment) -> None:
+    deployment = scaled_out
     r = deployment.redis()
     heavy_ids = {row["ID"][:12] for row in deployment.containers("heavy")}
     held = wait_for(lambda: (lambda x: x if x and x.get("started_at") else None)(lease(r)),
@@ -438,6 +481,7 @@ def test_killing_the_lease_holders_container_moves_the_lease_within_its_ttl(
     assert_no_overlap(heavy_intervals(journal(r), {held["fence"]: killed_at}))
 
 
+@pytest.mark.slow
 def test_killing_beats_container_restarts_it_and_dispatching_resumes(
         deployment: Deployment) -> None:
     r = deployment.redis()
@@ -473,7 +517,7 @@ def test_killing_beats_container_restarts_it_and_dispatching_resumes(
 
 
 def test_down_v_leaves_no_container_network_or_volume(deployment: Deployment) -> None:
-    deployment.compose("down", "-v", "--timeout", "10", timeout=180)
+    deployment.compose("down", "-v", "--timeout", STOP_TIMEOUT_S, timeout=180)
     for kind in ("container", "network", "volume"):
         assert labelled(kind, deployment.project) == [], f"{kind}s left by down -v"
     assert host_interfaces() == deployment.interfaces_before
