@@ -28,6 +28,7 @@ from celery.schedules import schedule as every
 
 from schedproj.core import defaults
 from schedproj.core.dueindex import DERIVED_RECONCILE_S, TickMemory
+from schedproj.core.entries import RECHECK_S
 from schedproj.core.errors import BeatLockLost
 from schedproj.core.lanes import queue_for
 from schedproj.core.laneset import LaneSet, registry_json
@@ -95,7 +96,7 @@ class BeatEngine:
             health=KeyHealth(rt.store, rt.keys),
             entries=BeatEntries(scheduler.app, EntryStore(rt.store.client, rt.keys),
                                 rt.keys, scheduler.token, scheduler.send_entry,
-                                code_entries, max_look_s=rt.settings.beat_max_loop_interval_s,
+                                code_entries, max_look_s=RECHECK_S,
                                 reserved=lanes.names))
 
 

@@ -20,6 +20,7 @@ from schedproj.core.families import split_member
 from schedproj.core.lanes import LaneSpec
 from schedproj.settings import Settings
 from schedproj.store.protocol import LEASE_ACQUISITIONS, CounterKind, Keys, parse_counter_field
+from schedproj.telemetry.entries_view import read_entries
 from schedproj.telemetry.observe import Observation, observe
 from schedproj.telemetry.status import families_folded
 
@@ -96,7 +97,22 @@ CATALOG: tuple[MetricDoc, ...] = (
            "pressed.", "lane", "pressing"),
     _counter("schedproj_pressure_yields",
              "Heavy runs that yielded to pressure before the hold cap."),
+    _gauge("schedproj_entries", "Schedule entries beat runs (beat_schedule and runtime), by "
+           "source.", "source"),
+    _gauge("schedproj_entries_overdue", "Schedule entries whose next look is more than a "
+           "minute past (not paused): beat is not sending them."),
+    _counter("schedproj_entry_runs", "Times the schedule entry was sent (its run count).",
+             "entry"),
+    _gauge("schedproj_entry_last_run_timestamp_seconds",
+           "When the schedule entry was last sent (Unix time; 0: never).", "entry"),
+    _gauge("schedproj_entry_next_due_timestamp_seconds",
+           "When beat next looks at the schedule entry (Unix time).", "entry"),
 )
+#: Per-entry series are exported for at most this many entries (the earliest due first): a
+#: hundred thousand entries would be half a million series. The aggregates cover them all.
+ENTRY_SERIES_MAX = 1000
+#: An entry whose next look is this far past (seconds) counts as overdue.
+ENTRY_OVERDUE_AFTER_S = 60.0
 _BY_NAME = {m.name: m for m in CATALOG}
 
 #: Durable counter hash field prefix -> the metric that exports it (labelled by its suffix).
@@ -146,6 +162,33 @@ class SchedprojCollector(Collector):
         yield from self._families(health, obs)
         yield from self._counters(obs.counters, obs.lease_acquisitions, obs)
         yield from self._pressure(obs)
+        yield from self._entries(obs.now)
+
+    def _entries(self, now: float) -> Iterator[Metric]:
+        view = read_entries(self.client, self.keys)
+        count = family("schedproj_entries")
+        by_source: dict[str, int] = {}
+        for e in view.entries:
+            source = e.source.split(" ")[0]
+            by_source[source] = by_source.get(source, 0) + 1
+        for source, n in sorted(by_source.items()):
+            count.add_metric([source], n)
+        yield count
+        overdue = family("schedproj_entries_overdue")
+        overdue.add_metric([], sum(1 for e in view.entries if not e.paused
+                                   and e.next_due_at is not None
+                                   and now - e.next_due_at > ENTRY_OVERDUE_AFTER_S))
+        yield overdue
+        runs, last, due = (family(n) for n in (
+            "schedproj_entry_runs", "schedproj_entry_last_run_timestamp_seconds",
+            "schedproj_entry_next_due_timestamp_seconds"))
+        shown = sorted(view.entries, key=lambda e: (e.next_due_at is None, e.next_due_at or 0))
+        for e in shown[:ENTRY_SERIES_MAX]:
+            runs.add_metric([e.name], e.runs)
+            last.add_metric([e.name], e.last_run_at or 0.0)
+            if e.next_due_at is not None:
+                due.add_metric([e.name], e.next_due_at)
+        yield from (runs, last, due)
 
     def _lease(self, health: Any) -> Iterator[Metric]:
         held, fence = family("schedproj_lease_held_seconds"), family("schedproj_lease_fence")
