@@ -11,8 +11,8 @@ import pytest
 import redis
 
 import schedproj
-from schedproj.core.errors import ConfigurationError
 from schedproj.core.entries import EntryDefinition
+from schedproj.core.errors import ConfigurationError
 from schedproj.on_celery.beat import FairScheduler
 from schedproj.store.protocol import Keys
 from tests.conftest import REDIS_URL
