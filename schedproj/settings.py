@@ -53,8 +53,12 @@ class Settings(BaseSettings):
         description="Redis for the run journal and dispatch log (default: the state Redis). "
         "A separate one keeps the audit trail when the state Redis loses everything.",
     )
-    key_prefix: str = Field(default=defaults.KEY_PREFIX, min_length=1)
-    profile: Profile = Profile.LOCAL
+    key_prefix: str = Field(default=defaults.KEY_PREFIX, min_length=1,
+                            description="Prefix of every Redis key schedproj writes.")
+    profile: Profile = Field(
+        default=Profile.LOCAL,
+        description="Deployment profile (ADR-0014): 'cloud' disables lanes declared local-only.",
+    )
     policy: Policy = Field(
         default=Policy.STALENESS,
         description="Heavy-lane picking policy; 'registry' is the legacy one, for comparison.",
@@ -74,14 +78,18 @@ class Settings(BaseSettings):
     sentry_environment: str | None = Field(
         default=None,
         validation_alias=AliasChoices("SENTRY_ENVIRONMENT", "SCHEDPROJ_SENTRY_ENVIRONMENT"),
+        description="Sentry's environment tag for every event.",
     )
     sentry_release: str | None = Field(
         default=None, validation_alias=AliasChoices("SENTRY_RELEASE", "SCHEDPROJ_SENTRY_RELEASE"),
+        description="Sentry's release tag for every event.",
     )
     sentry_beat_monitoring: bool = Field(
         default=True, description="A Sentry Crons check-in per lane dispatch and run."
     )
-    sentry_send_default_pii: bool = False
+    sentry_send_default_pii: bool = Field(
+        default=False, description="Let Sentry send personal data (off: none is sent; events "
+        "are scrubbed of URL credentials, lease tokens and secret-named keys either way).")
     metrics_port: int | None = Field(
         default=None, ge=0, le=65535, description="Beat serves Prometheus metrics here."
     )
@@ -103,15 +111,23 @@ class Settings(BaseSettings):
         default=3600.0, gt=0,
         description="A due heavy lane waiting longer than this degrades the watchdog posture.",
     )
-    lease_ttl_s: float = Field(default=defaults.LEASE_TTL_S, gt=0)
-    start_deadline_s: float = Field(default=defaults.START_DEADLINE_S, gt=0)
+    lease_ttl_s: float = Field(
+        default=defaults.LEASE_TTL_S, gt=0,
+        description="TTL of the renewable heavy lease: how fast a dead holder's lease frees "
+        "itself (renewed every third of it).")
+    start_deadline_s: float = Field(
+        default=defaults.START_DEADLINE_S, gt=0,
+        description="A heavy message not started this long after its grant is refused (its "
+        "lease lapsed on Redis's clock) and dropped by RabbitMQ.")
     state_loss_quarantine_s: float | None = Field(
         default=None, gt=0,
         description="After Redis lost state (restart, failover), no heavy lease is granted for "
         "this long while earlier holders re-assert theirs; default: the lease TTL plus one "
         "renewal interval (4/3 of the TTL).",
     )
-    hold_cap_s: float = Field(default=defaults.HOLD_CAP_S, gt=0)
+    hold_cap_s: float = Field(
+        default=defaults.HOLD_CAP_S, gt=0,
+        description="A heavy run is told to yield after holding the lease this long.")
     pressure_yield: bool = Field(
         default=defaults.PRESSURE_YIELD,
         description="A heavy run also yields before the hold cap when a waiting heavy lane "
@@ -126,17 +142,34 @@ class Settings(BaseSettings):
         default=DEFAULT_MIN_HOLD_S, ge=0,
         description="Seconds a heavy run holds the lease before pressure can make it yield.",
     )
-    max_hold_s: float = Field(default=defaults.MAX_HOLD_S, gt=0)
-    beat_lock_ttl_s: float = Field(default=defaults.BEAT_LOCK_TTL_S, gt=0)
-    beat_max_loop_interval_s: float = Field(default=defaults.BEAT_MAX_LOOP_INTERVAL_S, gt=0)
+    max_hold_s: float = Field(
+        default=defaults.MAX_HOLD_S, gt=0,
+        description="The lease is never renewed past this (a backstop); heavy time limits "
+        "must stay below it.")
+    beat_lock_ttl_s: float = Field(
+        default=defaults.BEAT_LOCK_TTL_S, gt=0,
+        description="TTL of the single-active-beat lock (at least 3x the loop interval): how "
+        "soon a standby beat takes over from a dead one.")
+    beat_max_loop_interval_s: float = Field(
+        default=defaults.BEAT_MAX_LOOP_INTERVAL_S, gt=0,
+        description="Longest beat sleep between ticks (a finishing run wakes it sooner).")
     wake_on_release: bool = Field(
         default=True,
         description="Beat blocks on the wake list so a finishing run is followed at once; "
         "off, it only polls (kept for the hand-off benchmark).",
     )
-    heavy_time_limit_s: float = Field(default=defaults.HEAVY_TIME_LIMIT_S, gt=0)
-    light_time_limit_s: float = Field(default=defaults.LIGHT_TIME_LIMIT_S, gt=0)
-    visibility_timeout_s: float = Field(default=defaults.VISIBILITY_TIMEOUT_S, gt=0)
+    heavy_time_limit_s: float = Field(
+        default=defaults.HEAVY_TIME_LIMIT_S, gt=0,
+        description="Hard time limit of heavy lane tasks that set none (soft: 90 %); must be "
+        "below the max hold and the broker's redelivery bound (the visibility timeout on "
+        "Redis, consumer_timeout on RabbitMQ).")
+    light_time_limit_s: float = Field(
+        default=defaults.LIGHT_TIME_LIMIT_S, gt=0,
+        description="Hard time limit of light lane tasks that set none (soft: 90 %).")
+    visibility_timeout_s: float = Field(
+        default=defaults.VISIBILITY_TIMEOUT_S, gt=0,
+        description="Redis broker visibility timeout: an app's shorter one is raised to this, "
+        "so a heavy run is never redelivered while it still runs.")
     rabbitmq_consumer_timeout_s: float = Field(
         default=defaults.RABBITMQ_CONSUMER_TIMEOUT_S, ge=0,
         description="RabbitMQ's consumer_timeout as the broker has it (rabbitmq.conf, in ms "

@@ -48,8 +48,13 @@ class LaneFamily(Lane):
     member; ``jitter`` (0 to 0.5) spreads members' due times deterministically per key;
     ``members`` is an optional hook beat calls every ``members_sync_s`` to sync the set."""
 
+    #: Spreads the members' due times (0 to 0.5): a member falls due at a staleness ratio of
+    #: ``1 ± jitter`` fixed by a hash of its key, while ranking uses the true ratio.
     jitter: float = 0.0
+    #: A function returning the member keys the family should have; beat makes the stored set
+    #: what it returns (None: members are added and removed by hand or API).
     members: MembersHook | None = field(default=None, compare=False)
+    #: Beat calls ``members`` at most this often (seconds).
     members_sync_s: float = MEMBERS_SYNC_S
 
     def check(self, lane: str) -> None:

@@ -86,10 +86,17 @@ class Gate:
     leave it False.
     """
 
+    #: The lane (or lane family, or one member ``family[key]``) this lane waits for.
     blocker: str
+    #: When to defer: while the blocker is due and behind (``due-and-behind``), or due or
+    #: running (``due-or-running``).
     when: GateCondition = GateCondition.DUE_AND_BEHIND
+    #: The deferral reason recorded and shown to operators.
     reason: DeferralReason = DeferralReason.DEPENDENCY
+    #: The longest one deferral streak may last (seconds); past it the gate lets the lane go.
+    #: None: no bound.
     max_defer_s: float | None = None
+    #: Whether the legacy registry picker applied this gate too (comparison runs only).
     in_legacy: bool = False
 
     def __post_init__(self) -> None:
@@ -117,16 +124,32 @@ class Lane:
     backlog (reported by its last run or by ``due_check``) but is ranked with its cadence.
     """
 
+    #: How often the lane should run (seconds, > 0; required): the staleness ratio's unit.
     cadence_s: float | None = None
+    #: ``heavy`` takes the one fleet-wide lease and runs on queue ``heavy``; ``light`` needs no
+    #: lease and runs on queue ``light``.
     kind: LaneKind = LaneKind.HEAVY
+    #: A heavy data-safety lane that wins outright whenever it is due.
     priority0: bool = False
+    #: ``shared``, ``cloud-deployable`` or ``local-only`` (disabled under the ``cloud``
+    #: profile: never a candidate, never dispatched).
     deployment: DeploymentClass = DeploymentClass.SHARED
+    #: Soft gates (:class:`Gate`): defer this lane while a blocker is busy; they only defer,
+    #: never block.
     gates: tuple[Gate, ...] = ()
+    #: Declared order for ties (then the name); lanes without one come after, at 1000.
     order: int | None = None
+    #: Due only while it has backlog (reported by its last run or its ``due_check``), but
+    #: ranked with its cadence.
     backlog_driven: bool = False
+    #: A cheap function beat calls each tick, returning the lane's current backlog (0: none).
     due_check: DueCheck | None = field(default=None, compare=False)
+    #: After a failed (or lost) run, due again this many seconds later (with
+    #: ``retry_window_s``).
     retry_after_failure_s: float | None = None
+    #: Retries are made while the first failure of the streak is at most this old (seconds).
     retry_window_s: float | None = None
+    #: The lane's name (default: the Celery task's name).
     name: str | None = None
 
     def __post_init__(self) -> None:

@@ -36,8 +36,9 @@ class RemSettings(BaseSettings):
     summarizer_latency_s: float = Field(
         default=0.0, ge=0, description="Simulated model latency per summarizer call (demo)."
     )
-    backup_dir: str = Field(default="backups", min_length=1)
-    backup_keep: int = Field(default=7, gt=0)
+    backup_dir: str = Field(default="backups", min_length=1,
+                            description="Where the backup lane writes its snapshots.")
+    backup_keep: int = Field(default=7, gt=0, description="Backup snapshots kept (newest).")
 
     @classmethod
     def load(cls, **overrides: object) -> RemSettings:

@@ -93,7 +93,8 @@ def _variant_labels() -> list[str]:
 @click.option("--H", "hs", multiple=True, metavar="H[,H...]",
               help="Heavy demand Σ run_time/cadence of the random sets; repeat or "
                    "comma-separate to sweep (default 0.25,0.5,0.75,0.9,1.2).")
-@click.option("--seed", default=1, show_default=True, type=int)
+@click.option("--seed", default=1, show_default=True, type=int,
+              help="Random seed: the same seed gives the same runs and figures.")
 @click.option("--horizon", default=None, callback=_duration, metavar="DURATION",
               help="Virtual time to simulate (default: forensic 24h; random 20 x the longest "
                    "cadence; trace: its horizon_s).")
