@@ -470,6 +470,181 @@ def _when(at: float | None) -> str:
     return dt.datetime.fromtimestamp(at, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+class _Refused(click.ClickException):
+    """Refused until the operator acts (exit code 2, as a usage error)."""
+
+    exit_code = 2
+
+
+@main.command()
+@click.option("-A", "--app", "app_name", default=DEFAULT_APP, show_default=True,
+              help="The Celery app whose beat_schedule `-S fair` runs (module or "
+                   "module:attribute).")
+@click.option("--from-file", "from_file", default=None, metavar="PATH",
+              help="Import from the file of Celery's PersistentScheduler (`celery beat -s`; "
+                   "by default celerybeat-schedule where beat started).")
+@click.option("--from-redbeat", is_flag=True, help="Import from celery-redbeat's keys.")
+@click.option("--redbeat-url", default=None, metavar="URL",
+              help="The Redis redbeat used (default: the app's redbeat_redis_url, else its "
+                   "broker).")
+@click.option("--redbeat-prefix", default=None, metavar="PREFIX",
+              help="redbeat's key prefix (default: the app's redbeat_key_prefix, else "
+                   "'redbeat:').")
+@click.option("--dry-run", is_flag=True, help="Show what would be imported; write nothing.")
+@click.option("--force", is_flag=True,
+              help="Replace state schedproj already holds for an entry, and write even while "
+                   "a `-S fair` beat runs.")
+def migrate(app_name: str, from_file: str | None, from_redbeat: bool, redbeat_url: str | None,
+            redbeat_prefix: str | None, dry_run: bool, force: bool) -> None:
+    """Import each entry's last run and run count from the old beat (Celery's
+    celerybeat-schedule file, or celery-redbeat's keys) into schedproj, so the first
+    `celery beat -S fair` neither re-runs nor misses an entry. Stop the old beat first."""
+    from schedproj.on_celery.runtime import settings_for
+    from schedproj.ops import migrate as mig
+    from schedproj.store.connection import connect
+    from schedproj.store.protocol import Keys
+
+    if bool(from_file) == from_redbeat:
+        raise click.UsageError("name one source: --from-file PATH or --from-redbeat")
+    if (redbeat_url or redbeat_prefix) and not from_redbeat:
+        raise click.UsageError("--redbeat-url and --redbeat-prefix go with --from-redbeat")
+    app = _load_app(app_name, None)
+    settings = settings_for(app)
+    client, keys = connect(settings.state_redis_url, tls=settings.redis_tls), \
+        Keys(settings.key_prefix)
+    reserved = _lane_names(app)
+    with _reaching(settings):
+        try:
+            targets = mig.target_entries(app, client, keys, reserved)
+        except Exception as exc:  # the app's beat_schedule, as Celery parses it
+            raise click.ClickException(f"cannot read the beat_schedule of {app_name}: "
+                                       f"{exc}") from None
+        old, notes = _old_schedule(app, targets, from_file, redbeat_url, redbeat_prefix)
+        if mig.beat_lock_ttl(client, keys) is not None:
+            notes.append("a `-S fair` beat is running (it holds the beat lock): "
+                         + ("migrate writes into it (--force)" if force else
+                            "migrate refuses to write unless --force"))
+        plan = _migrate_plan(client, keys, old, targets, reserved, force, dry_run)
+    _print_migration(app, keys, old, plan, targets, notes, dry_run)
+
+
+def _lane_names(app: Any) -> tuple[str, ...]:
+    from schedproj.on_celery.config import lane_set_for
+
+    try:
+        return lane_set_for(app).names
+    except SchedprojError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _old_schedule(app: Any, targets: Any, from_file: str | None, url: str | None,
+                  prefix: str | None) -> tuple[Any, list[str]]:
+    """(the old schedule as read, notes for the operator)."""
+    import redis as redis_lib
+
+    from schedproj.ops import migrate as mig
+    from schedproj.store.connection import connect, mask
+
+    try:
+        if from_file is not None:
+            old = mig.read_beat_file(from_file)
+            return old, mig.file_notes(old, app)
+        url = url or app.conf.get("redbeat_redis_url") or app.conf.broker_url
+        prefix = prefix or app.conf.get("redbeat_key_prefix") or mig.REDBEAT_PREFIX
+        if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
+            raise click.UsageError(f"redbeat's Redis is not known ({url!r} is not a Redis "
+                                   "URL): pass --redbeat-url redis://HOST:PORT/DB")
+        source = connect(url)
+        try:
+            old = mig.read_redbeat(source, prefix, targets)
+            notes = [f"redbeat's lock {prefix}:lock is held: a redbeat beat may still run. "
+                     "Stop it: what it sends after this import is not in it"] \
+                if source.exists(f"{prefix}:lock") else []
+        except redis_lib.RedisError as exc:
+            raise click.ClickException(f"cannot read redbeat's keys at {mask(url)}: {exc}. "
+                                       "Fix: --redbeat-url naming the Redis redbeat "
+                                       "used") from None
+        finally:
+            source.close()
+        return old, notes
+    except mig.MigrationError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _migrate_plan(client: Any, keys: Any, old: Any, targets: Any, reserved: tuple[str, ...],
+                  force: bool, dry_run: bool) -> Any:
+    """Plan, and unless a dry run write, again from a fresh read if a state moved between."""
+    from schedproj.ops import migrate as mig
+
+    schedule_keys = {name: e.schedule_key for name, e in targets.items()}
+    for attempt in range(3):
+        stored = mig.stored_states(client, keys, schedule_keys)
+        plan = mig.plan_migration(old, schedule_keys, stored, force=force, reserved=reserved,
+                                  where=keys.entries)
+        if dry_run:
+            return plan
+        try:
+            mig.write_migration(client, keys, plan, force=force)
+            return plan
+        except mig.BeatActive as exc:
+            raise _Refused(str(exc)) from None
+        except mig.StateMoved as exc:
+            if attempt == 2:
+                raise click.ClickException(f"{exc}. Nothing was written; run migrate "
+                                           "again") from None
+    raise AssertionError("unreachable")
+
+
+def _print_migration(app: Any, keys: Any, old: Any, plan: Any, targets: Any,
+                     notes: list[str], dry_run: bool) -> None:
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    for note in notes:
+        click.echo(f"note: {note}")
+    if plan.imports:
+        console.print(_imported_table(app, old, plan, targets, dry_run))
+    else:
+        click.echo(f"nothing to import from the {old.source}")
+    if plan.skipped:
+        skipped = Table(title=f"skipped ({len(plan.skipped)})")
+        skipped.add_column("entry", no_wrap=True)
+        skipped.add_column("why")
+        for skip in plan.skipped:
+            skipped.add_row(skip.name, skip.why)
+        console.print(skipped)
+    if dry_run:
+        click.echo("dry run: nothing written")
+    elif plan.imports:
+        click.echo(f"wrote {len(plan.imports)} entry states under prefix {keys.prefix!r}; "
+                   "start `celery beat -S fair` and check `schedproj status`")
+
+
+def _imported_table(app: Any, old: Any, plan: Any, targets: Any, dry_run: bool) -> Table:
+    """Each imported entry: its last run and run count, and when -S fair sends it next."""
+    import datetime as dt
+    import time
+
+    def local(at: float) -> str:
+        return dt.datetime.fromtimestamp(at, tz=app.timezone).isoformat(sep=" ",
+                                                                        timespec="seconds")
+
+    def next_send(name: str, last: float) -> str:
+        try:
+            due, next_s = targets[name].timing.check(last)
+        except Exception as exc:  # a user's schedule: whatever it raises is its error
+            return f"? ({type(exc).__name__}: {exc})"
+        return "at the first tick (due)" if due else local(time.time() + next_s)
+
+    verb = "would import" if dry_run else "imported"
+    table = Table(title=f"{verb} from the {old.source} ({len(plan.imports)})")
+    for col in ("entry", "last run", "runs", "next send under -S fair", "note"):
+        table.add_column(col, no_wrap=col == "entry")
+    for imp in plan.imports:
+        last = imp.state.last_run_at
+        table.add_row(imp.name, local(last) if last > 0 else "never",
+                      str(imp.state.total_run_count), next_send(imp.name, last), imp.note)
+    return table
+
+
 @main.group()
 def family() -> None:
     """Add, remove and list the members of a lane family (one keyed lane per tenant, repo

@@ -165,6 +165,13 @@ class EntryStore:
         self._mark_changed(pipe, name)
         pipe.execute()
 
+    def mark_changed(self, names: Sequence[str], pipe: redis.client.Pipeline) -> None:
+        """Queue on ``pipe`` (a transaction the caller executes, with the states it writes)
+        the marks that make the active beat judge ``names`` again from their stored states
+        at its next tick: for states written outside beat (``schedproj migrate``)."""
+        for name in names:
+            self._mark_changed(pipe, name)
+
     def _mark_changed(self, pipe: redis.client.Pipeline, name: str) -> None:
         """Tell the active beat at its next tick (and wake it if it sleeps): the name is
         looked at now, and the definitions re-read."""
