@@ -293,6 +293,39 @@ def status_table(status: Mapping[str, Any]) -> str:
             f'<tbody>{"".join(rows)}</tbody></table>')
 
 
+#: The page lists at most this many schedule entries, the earliest due first.
+ENTRIES_SHOWN = 200
+ENTRY_COLUMNS = ("entry", "task", "schedule", "source", "last run", "next due", "runs",
+                 "state")
+
+
+def entry_cells(entry: Mapping[str, Any], now: float) -> list[str]:
+    last, due = entry.get("last_run_at"), entry.get("next_due_at")
+    state = "paused" if entry.get("paused") else ("error" if entry.get("problem") else "ok")
+    return [str(entry["name"]), str(entry["task"]), str(entry["schedule"]),
+            str(entry["source"]), "never" if last is None else f"{_duration(now - last)} ago",
+            "-" if due is None else ("now" if due <= now else f"in {_duration(due - now)}"),
+            str(entry["runs"]), state]
+
+
+def entries_section(status: Mapping[str, Any]) -> str:
+    """The schedule entries (the app's beat_schedule and runtime entries); nothing when the
+    app has none."""
+    entries, total = status.get("entries") or [], int(status.get("entries_total") or 0)
+    if not total:
+        return ""
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in ENTRY_COLUMNS)
+    rows = "".join(
+        f'<tr data-entry="{_esc(e["name"])}">'
+        + "".join(f"<td>{_esc(c)}</td>" for c in entry_cells(e, status["now"])) + "</tr>"
+        for e in entries)
+    more = (f"<p>{total - len(entries)} more: <code>schedproj entry list</code></p>"
+            if total > len(entries) else "")
+    return (f"<section><h2>Schedule entries ({total})</h2>"
+            f'<table id="entries"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>'
+            f"{more}</section>")
+
+
 def facts(status: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(label, text) lines under the table: lease, chain, watchdog, active beat, problems."""
     now, lease = status["now"], status.get("lease")
@@ -370,6 +403,7 @@ def render_page(status: Mapping[str, Any], journal: Iterable[Mapping[str, Any]],
             '<a href="metrics">metrics</a></p></header>'
             f"<section><h2>Lanes</h2>{status_table(status)}"
             f'<table id="facts">{fact_rows}</table></section>'
+            f"{entries_section(status)}"
             f'<section><h2>Lease timeline, last {_duration(window_s)} (up to an hour)</h2>'
             f"{legend()}{timeline_svg(bars, status['lanes'], now, window_s)}</section>"
             f"<section><h2>Staleness ratio</h2>{ratio_svg(series, now, window_s)}</section>")

@@ -36,6 +36,7 @@ from schedproj.settings import Settings
 from schedproj.store.connection import connect
 from schedproj.store.protocol import Keys
 from schedproj.telemetry import statuspage
+from schedproj.telemetry.entries_view import read_entries
 from schedproj.telemetry.observe import observe, wrong_type
 from schedproj.telemetry.status import as_json
 
@@ -79,6 +80,12 @@ class Deployment:
         health = obs.health(starvation_threshold_s=s.starvation_threshold_s,
                             hold_cap_s=s.hold_cap_s, profile=s.profile)
         data: dict[str, Any] = json.loads(json.dumps(as_json(obs, health), default=str))
+        view = read_entries(self.client, self.keys)
+        shown = sorted(view.rows(), key=lambda r: (r["next_due_at"] is None,
+                                                   r["next_due_at"] or 0.0))
+        data["entries"] = shown[:statuspage.ENTRIES_SHOWN]
+        data["entries_total"] = len(shown)
+        data.setdefault("problems", []).extend(view.problems)
         return data
 
     def journal(self, problems: list[str] | None = None) -> list[dict[str, Any]]:
