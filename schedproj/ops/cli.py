@@ -79,8 +79,10 @@ def lanes(app_name: str, lanes: str | None, as_json: bool) -> None:
         "backlog_driven": s.backlog_driven,
         "gates": [f"{g.when.value}:{g.blocker}" for g in s.gates],
     } for s in lane_set.specs]
+    entry_rows = _entry_rows(app)
     if as_json:
-        click.echo(json.dumps({"profile": profile.value, "lanes": rows}, indent=2))
+        click.echo(json.dumps({"profile": profile.value, "lanes": rows, "entries": entry_rows},
+                              indent=2))
         return
     columns = ("lane", "kind", "queue", "cadence_s", "priority0", "deployment", "enabled",
                "order", "gates")
@@ -90,7 +92,39 @@ def lanes(app_name: str, lanes: str | None, as_json: bool) -> None:
     for row in rows:
         cells = {**row, "gates": ", ".join(row["gates"]) or "-"}
         table.add_row(*(str(cells[c]) for c in columns))
-    Console(width=None if sys.stdout.isatty() else 160).print(table)
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    console.print(table)
+    if entry_rows:
+        entries = Table(title=f"schedule entries ({len(entry_rows)})")
+        for col in ("entry", "task", "schedule", "source", "next due"):
+            entries.add_column(col, no_wrap=col == "entry")
+        for r in entry_rows:
+            entries.add_row(r["entry"], r["task"], r["schedule"], r["source"],
+                            _when(r["next_due_at"]))
+        console.print(entries)
+
+
+def _entry_rows(app: Any) -> list[dict[str, Any]]:
+    """The app's beat_schedule entries and the runtime entries, with the next due time the
+    active beat last indexed (None when no beat ran them yet or Redis is unreachable)."""
+    import redis as redis_lib
+
+    from schedproj.on_celery.entries import code_entries
+    from schedproj.on_celery.runtime import runtime_for
+    from schedproj.telemetry.entries_view import read_entries
+
+    try:
+        rt = runtime_for(app)
+        indexed = {r["name"]: r for r in read_entries(rt.store.client, rt.keys).rows()}
+    except redis_lib.RedisError:
+        indexed = {}
+    rows = [{"entry": e.name, "task": e.task, "schedule": e.schedule_key, "source": "code",
+             "next_due_at": indexed.get(e.name, {}).get("next_due_at")}
+            for e in code_entries(app).values()]
+    rows += [{"entry": r["name"], "task": r["task"], "schedule": r["schedule"],
+              "source": r["source"], "next_due_at": r["next_due_at"]}
+             for name, r in indexed.items() if r["source"] != "code"]
+    return sorted(rows, key=lambda r: r["entry"])
 
 
 @main.command()

@@ -98,3 +98,18 @@ def test_the_python_api_adds_changes_and_removes(key_prefix: str, queues: redis.
         schedproj.add_entry(app, "bad", "shop.report", cron="* * * * 9")
     assert schedproj.remove_entry(app, "every") and not schedproj.remove_entry(app, "every")
     sched.close()
+
+
+def test_lanes_lists_the_apps_entries_with_their_next_due_time(key_prefix: str) -> None:
+    out = run("lanes", "-A", "tests.entry_app", "--json",
+              env={"SCHEDPROJ_REDIS_URL": REDIS_URL, "SCHEDPROJ_KEY_PREFIX": key_prefix})
+    assert out.returncode == 0, out.stderr
+    listed = json.loads(out.stdout)
+    assert [lane["lane"] for lane in listed["lanes"]] == ["entry_app.light"]
+    entries = {e["entry"]: e for e in listed["entries"]}
+    assert set(entries) == {"morning-report", "ping"}
+    assert "0 9" in entries["morning-report"]["schedule"]
+    assert entries["ping"]["next_due_at"] is None, "no beat ran: nothing indexed yet"
+    text = run("lanes", "-A", "tests.entry_app",
+               env={"SCHEDPROJ_REDIS_URL": REDIS_URL, "SCHEDPROJ_KEY_PREFIX": key_prefix})
+    assert "schedule entries (2)" in text.stdout
