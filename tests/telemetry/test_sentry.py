@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +26,7 @@ from schedproj.store.protocol import Keys
 from schedproj.telemetry import sentry as sentry_setup
 from schedproj.telemetry.sentry import init_sentry, redact
 from tests.conftest import E2E_REDIS_URL
+from tests.on_celery.test_schedule_entries import queues  # noqa: F401
 from tests.procs import FAST_SETTINGS, Cluster, wait_for
 from tests.sentry_capture import ENV_KEY, MemoryTransport, read_captured
 
@@ -310,3 +312,38 @@ def test_lane_errors_and_checkins_reach_sentry_from_beat_and_workers(
     logs = {proc.name: proc.text() for proc in c.procs}
     assert "sentry enabled for beat (environment e2e" in logs["beat1"]
     assert "sentry enabled for worker (environment e2e" in logs["heavy1"]
+
+
+def test_schedule_entries_open_crons_check_ins_named_after_the_entry(
+        sentry_off: None, key_prefix: str, queues: redis.Redis,  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Entries go through the scheduler's ``apply_entry``, which sentry-sdk's Celery
+    integration wraps: a crontab entry opens a check-in with its crontab as the monitor's
+    schedule; an interval Crons cannot monitor (not whole minutes) is left out."""
+    from celery.schedules import crontab
+
+    from schedproj.on_celery.beat import FairScheduler
+    from tests.on_celery.test_schedule_entries import app_with
+
+    transport = MemoryTransport()
+    real_init = sentry_sdk.init
+    monkeypatch.setattr(sentry_sdk, "init",
+                        lambda *a, **kw: real_init(*a, **{**kw, "transport": transport}))
+    app = app_with(key_prefix, {
+        "nightly": {"task": "shop.report", "schedule": crontab(minute=30, hour=3)},
+        "fast": {"task": "shop.report", "schedule": 0.2},
+    }, sentry_dsn=DSN)
+    sched = FairScheduler(app=app)
+    sched.tick()
+    sched.engine.entries.store.run_now("nightly")
+    time.sleep(0.25)
+    sched.tick()
+    sentry_sdk.get_client().flush(timeout=5)
+    checkins = transport.of_type("check_in")
+    # The lane beside them opens its own; "fast" (0.2 s) sent too, but left out of Crons.
+    assert {c["monitor_slug"] for c in checkins} == {"nightly", "t.light"}, checkins
+    assert len(queues.lrange("celery", 0, -1)) == 2, "nightly and fast were both sent"
+    (opened,) = [c for c in checkins if c["monitor_slug"] == "nightly"]
+    assert opened["status"] == "in_progress"
+    assert opened["monitor_config"]["schedule"] == {"type": "crontab", "value": "30 3 * * *"}
+    sched.close()
