@@ -304,9 +304,14 @@ class BeatEntries:
         removed = sorted({*plan.removed, *(n for n in due.states if n not in self.entries)})
         result = self._written(self.store.write(
             self.token, (*plan.starts, *plan.claims), looks=plan.looks, removed=removed))
+        changed = {c.name for c in (*plan.starts, *plan.claims)}
         for change in (*plan.starts, *plan.claims):
             if result.written.get(change.name):
                 self.entries[change.name].remember(change.state)
+        # What was read counts as remembered too (a state an operator or `schedproj migrate`
+        # wrote since this beat took over is the one to put back after a loss).
+        self._remember_all({n: raw for n, raw in due.states.items()
+                            if raw is not None and n not in changed})
         self._send(plan, result, due.states, now)
         forced_done = [c.name for c in plan.claims if c.name in due.forced]
         self.store.done_forcing(forced_done)
