@@ -241,6 +241,94 @@ def throughput_md(s: dict[str, Any]) -> str:
     return out
 
 
+def entries_md(s: dict[str, Any]) -> str:
+    """The entries section: start-up, idle tick and memory of both schedulers, the interleaved
+    idle ticks, the ratios, issue 20's goals, then the profile and memory trace."""
+    return (_entry_runs_md(s) + _entry_pairs_md(s) + _entry_ratios_md(s)
+            + _entry_goals_md(s["goals"]) + _entry_profile_md(s))
+
+
+def _entry_runs_md(s: dict[str, Any]) -> str:
+    rows = []
+    for entries, row in s["entries"].items():
+        for key in ("fair", "redbeat"):
+            r = row[key]
+            if "skipped" in r:
+                rows.append((int(entries), NAMES[key], r["skipped"], *([None] * 9)))
+                continue
+            rows.append((int(entries), NAMES[key], g(r, "start", "start_s"),
+                         g(r, "start", "round_trips"), g(r, "start", "ticks"),
+                         g(r, "restart", "start_s"), g(r, "restart", "round_trips"),
+                         g(r, "idle", "ms", "median"), g(r, "idle", "round_trips", "median"),
+                         g(r, "memory", "declare_mib"), g(r, "memory", "scheduler_mib"),
+                         g(r, "memory", "peak_rss_mib")))
+    return ("Both schedulers hold the same `beat_schedule` (half `schedule(seconds)`, half "
+            "`crontab`, none due during the run). Start-up: construction until every entry is "
+            "judged (FairScheduler: its ticks until none is left unjudged in its due index; "
+            "celery-redbeat: construction, which stores every entry, its lock and first tick); "
+            "first on an empty Redis, then a restart on the state left. Memory: RSS after the "
+            "first start-up over RSS with the app and its schedule built (gc and `malloc_trim` "
+            "before each reading).\n\n"
+            + table(("entries", "scheduler", "first start (s)", "round trips", "ticks",
+                     "restart (s)", "round trips", "idle tick (ms, median, own process)",
+                     "round trips / idle tick", "memory: schedule declared (MiB)",
+                     "memory: scheduler (MiB)", "peak RSS (MiB)"), rows))
+
+
+def _entry_pairs_md(s: dict[str, Any]) -> str:
+    rows = [(int(entries), g(row, "pair", "idle_pair", "reps"),
+             g(row, "pair", "idle_pair", "fair_ms", "median"),
+             g(row, "pair", "idle_pair", "fair_ms", "p90"),
+             g(row, "pair", "idle_pair", "redbeat_ms", "median"),
+             g(row, "pair", "idle_pair", "redbeat_ms", "p90"),
+             g(row, "pair", "idle_pair", "ratio"),
+             g(row, "pair", "idle_pair", "fair_round_trips", "median"),
+             g(row, "pair", "idle_pair", "redbeat_round_trips", "median"))
+            for entries, row in s["entries"].items() if "idle_pair" in row["pair"]]
+    if not rows:
+        return ""
+    return ("\nIdle ticks interleaved in one process, both schedulers started on the same "
+            "schedule (the idle goal is judged on these):\n\n"
+            + table(("entries", "ticks each", "fair (ms, median)", "p90",
+                     "redbeat (ms, median)", "p90", "fair / redbeat", "fair round trips",
+                     "redbeat round trips"), rows))
+
+
+def _entry_ratios_md(s: dict[str, Any]) -> str:
+    rows = [(int(entries), *row["ratios"].values()) for entries, row in s["entries"].items()]
+    return "\nRatios, fair / redbeat:\n\n" + table(
+        ("entries", "idle tick (interleaved)", "idle tick (own processes)", "first start",
+         "restart", "memory: scheduler", "memory: with the schedule"), rows)
+
+
+def _entry_goals_md(goals: dict[str, Any]) -> str:
+    return (f"\nGoals (issue 20) at {fmt(goals['at_entries'])} entries: idle tick within 1x "
+            f"celery-redbeat — {fmt(goals['idle_within_1x_redbeat'])}; start-up (first and "
+            f"restart) within 0.5x — {fmt(goals['startup_within_0.5x_redbeat'])}; beat memory "
+            f"(the scheduler's) within 1x — {fmt(goals['memory_within_1x_redbeat'])}. Round "
+            f"trips per idle tick: {goals['round_trips_per_idle_tick']}.\n")
+
+
+def _entry_profile_md(s: dict[str, Any]) -> str:
+    largest = s["entries"][str(s["goals"]["at_entries"])]
+    out = ""
+    for scenario, rows_ in (g(largest, "fair", "profile") or {}).items():
+        out += (f"\n*FairScheduler {scenario.replace('_', ' ')} at "
+                f"{fmt(s['goals']['at_entries'])} entries under cProfile* (cumulative time; "
+                "cProfile slows it: compare rows, not totals)\n\n" + table(
+                    ("function", "line", "calls", "cumulative (ms)", "own (ms)"),
+                    [(r["function"], str(r["line"]), r["calls"], r["cumtime_ms"],
+                      r["tottime_ms"]) for r in rows_]))
+    for key in ("fair", "redbeat"):
+        trace = g(largest, key, "trace_memory")
+        if trace:
+            out += (f"\n*What {NAMES[key]} keeps after a restart (tracemalloc, "
+                    f"{fmt(trace['traced_mib'])} MiB traced in all)*\n\n" + table(
+                        ("allocated at", "KiB", "blocks"),
+                        [(r["where"], r["kib"], r["blocks"]) for r in trace["top"]]))
+    return out
+
+
 def markdown(results: dict[str, Any]) -> str:
     parts = ["## Machine\n\n" + machine_md(results["machine"])]
     sections = results.get("sections", {})
@@ -249,7 +337,8 @@ def markdown(results: dict[str, Any]) -> str:
               ("light_delay", "Light dispatch delay while a heavy lane holds the lease",
                light_delay_md),
               ("throughput", "Light-path throughput, one light worker", throughput_md),
-              ("handoff_scale", "Hand-off gap with many lanes declared", handoff_scale_md))
+              ("handoff_scale", "Hand-off gap with many lanes declared", handoff_scale_md),
+              ("entries", "Schedule entries: start-up, idle tick and memory", entries_md))
     for key, title, fn in render:
         if key in sections:
             parts.append(f"## {title}\n\n{fn(sections[key])}")

@@ -24,7 +24,7 @@ from bench.cluster import ROOT
 from bench.stats import ratio
 from schedproj.devtools.embedded import private_redis
 
-SECTIONS = ("handoff", "tick", "light_delay", "throughput", "handoff_scale")
+SECTIONS = ("handoff", "tick", "light_delay", "throughput", "handoff_scale", "entries")
 SCHEDULERS = ("fair", "redbeat", "persistent")
 
 
@@ -89,9 +89,15 @@ def tickcost_one(url: str, scheduler: str, lanes: int, *, smoke: bool,
             str(lanes), "--redis", url, "--reps", str(reps), "--due-reps", str(due_reps)]
     if profile:
         argv.append("--profile")
+    return run_json(argv)
+
+
+def run_json(argv: list[str]) -> dict[str, Any]:
+    """Run one measuring process (``python -m bench.tickcost|bench.entries ...``): the JSON
+    object it prints last."""
     out = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, check=False)
     if out.returncode != 0:
-        raise RuntimeError(f"bench.tickcost {scheduler} {lanes} failed:\n{out.stderr[-4000:]}")
+        raise RuntimeError(f"{' '.join(argv[2:])} failed:\n{out.stderr[-4000:]}")
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
 
@@ -199,10 +205,74 @@ def tick_goals(by_size: dict[str, dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+# -- schedule entries (issue 20) ------------------------------------------------------------------
+
+ENTRY_RUNS = ("fair", "redbeat", "pair")
+
+
+def entries_one(url: str, scheduler: str, entries: int, *, smoke: bool,
+                profile: bool) -> dict[str, Any]:
+    reps = (20 if smoke else 1000) if scheduler == "pair" else 5 if smoke else 30
+    argv = [sys.executable, "-m", "bench.entries", "--scheduler", scheduler, "--entries",
+            str(entries), "--redis", url, "--reps", str(reps)]
+    if profile:
+        argv += ["--trace-memory"] + (["--profile"] if scheduler == "fair" else [])
+    return run_json(argv)
+
+
+def entries_section(url: str, counts: list[int], smoke: bool) -> dict[str, Any]:
+    """FairScheduler and celery-redbeat with the same N ``beat_schedule`` entries: start-up,
+    idle tick (interleaved in one process) and beat memory (``bench/entries.py``)."""
+    by_size: dict[str, dict[str, Any]] = {}
+    for entries in counts:
+        row: dict[str, Any] = {}
+        for run in ENTRY_RUNS:
+            say(f"entries: {run} with {entries} entries")
+            row[run] = entries_one(url, run, entries, smoke=smoke,
+                                   profile=run != "pair" and entries == max(counts))
+        row["ratios"] = entries_ratios(row)
+        by_size[str(entries)] = row
+    return {"entries": by_size, "goals": entries_goals(by_size)}
+
+
+def entries_ratios(row: dict[str, Any]) -> dict[str, Any]:
+    fair, rb = row["fair"], row["redbeat"]
+    return {
+        "idle_fair_over_redbeat": _get(row["pair"], "idle_pair", "ratio"),
+        "idle_fair_over_redbeat_separate_runs": ratio(_get(fair, "idle", "ms", "median"),
+                                                      _get(rb, "idle", "ms", "median")),
+        "start_fair_over_redbeat": ratio(_get(fair, "start", "start_s"),
+                                         _get(rb, "start", "start_s")),
+        "restart_fair_over_redbeat": ratio(_get(fair, "restart", "start_s"),
+                                           _get(rb, "restart", "start_s")),
+        "memory_fair_over_redbeat": ratio(_get(fair, "memory", "scheduler_mib"),
+                                          _get(rb, "memory", "scheduler_mib")),
+        "memory_with_schedule_fair_over_redbeat": ratio(_get(fair, "memory", "delta_mib"),
+                                                        _get(rb, "memory", "delta_mib")),
+    }
+
+
+def entries_goals(by_size: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Issue 20's goals at the largest count, each a ratio measured in this run."""
+    largest = max(by_size, key=int)
+    r = by_size[largest]["ratios"]
+    starts = [r["start_fair_over_redbeat"], r["restart_fair_over_redbeat"]]
+    return {
+        "at_entries": int(largest),
+        "idle_within_1x_redbeat": _at_most(r["idle_fair_over_redbeat"], 1.0),
+        "startup_within_0.5x_redbeat": None if None in starts
+        else all(x <= 0.5 for x in starts),
+        "memory_within_1x_redbeat": _at_most(r["memory_fair_over_redbeat"], 1.0),
+        "round_trips_per_idle_tick": {
+            run: _get(by_size[largest]["pair"], "idle_pair", f"{run}_round_trips", "median")
+            for run in ("fair", "redbeat")},
+    }
+
+
 # -- main ------------------------------------------------------------------------------------------
 
 def run_sections(url: str, sections: list[str], lanes: list[int], smoke: bool,
-                 opts: live.LiveOptions) -> dict[str, Any]:
+                 opts: live.LiveOptions, entries: list[int]) -> dict[str, Any]:
     steps: dict[str, Callable[[], dict[str, Any]]] = {
         "handoff": lambda: live.handoff_section(url, opts),
         "tick": lambda: tick_section(url, lanes, smoke),
@@ -210,6 +280,7 @@ def run_sections(url: str, sections: list[str], lanes: list[int], smoke: bool,
         "throughput": lambda: live.throughput_section(url, opts),
         "handoff_scale": lambda: live.handoff_scale_section(
             url, opts, large=500 if smoke else 100_000),
+        "entries": lambda: entries_section(url, entries, smoke),
     }
     out: dict[str, Any] = {}
     for name in sections:
@@ -230,6 +301,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--lanes", default=None,
                         help="declared lane counts for tick cost (default 1000,10000,100000; "
                              "smoke 20,100)")
+    parser.add_argument("--entries", default=None,
+                        help="beat_schedule entry counts for the entries section (default "
+                             "1000,10000,100000; smoke 1000)")
     parser.add_argument("--interval", type=float, default=None,
                         help="beat loop interval in the live scenarios (default 3 s, smoke "
                              "0.5 s): SCHEDPROJ_BEAT_MAX_LOOP_INTERVAL_S")
@@ -249,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     lanes = [int(x) for x in (args.lanes or ("20,100" if args.smoke else
                                              "1000,10000,100000")).split(",")]
+    entries = [int(x) for x in (args.entries or ("1000" if args.smoke else
+                                                 "1000,10000,100000")).split(",")]
     opts = live.LiveOptions.smoke() if args.smoke else live.LiveOptions()
     if args.interval is not None:
         opts = live.LiveOptions(**{**opts.__dict__, "interval_s": args.interval})
@@ -262,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     with private_redis() as url:
         say(f"private Redis at {url}")
-        results["sections"] = run_sections(url, sections, lanes, args.smoke, opts)
+        results["sections"] = run_sections(url, sections, lanes, args.smoke, opts, entries)
     results["elapsed_s"] = round(time.monotonic() - started, 1)
     results["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     if args.plots:

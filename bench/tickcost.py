@@ -110,9 +110,12 @@ def noop_sends(sched: Any) -> list[int]:
     return sent
 
 
-def profiled(fn: Callable[[], Any], top: int = 12) -> list[dict[str, Any]]:
+def profiled(fn: Callable[[], Any], top: int = 12,
+             also: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """Run ``fn`` once under cProfile: its costliest schedproj functions (cumulative time,
-    calls), and the Redis commands it sent. cProfile slows the run; compare rows, not totals."""
+    calls), and the Redis commands it sent; also the functions of the packages named in
+    ``also`` (e.g. ``("celery", "redbeat")``). cProfile slows the run; compare rows, not
+    totals."""
     prof = cProfile.Profile()
     prof.enable()
     fn()
@@ -122,10 +125,13 @@ def profiled(fn: Callable[[], Any], top: int = 12) -> list[dict[str, Any]]:
     for (path, line, func), (_cc, calls, tottime, cumtime, _callers) in \
             stats.stats.items():  # type: ignore[attr-defined]
         where = path.replace("\\", "/")
+        package = next((p for p in also if f"/{p}/" in where), None)
         if "/schedproj/" in where and not (where.endswith("scheduler.py") and func == "tick"):
             name = "schedproj/" + where.split("/schedproj/", 1)[1]
         elif where.endswith("redis/connection.py") and func == "send_packed_command":
             name = "redis/connection.py"
+        elif package is not None:
+            name = f"{package}/" + where.split(f"/{package}/", 1)[1]
         else:
             continue
         rows.append({"function": f"{name}:{func}", "line": line, "calls": calls,
@@ -410,10 +416,12 @@ def flush(url: str) -> None:
 
 # -- celery-redbeat ---------------------------------------------------------------------------
 
-def peer_app(url: str, name: str, n: int) -> Celery:
+def peer_app(url: str, name: str, n: int,
+             beat_schedule: dict[str, dict[str, Any]] | None = None) -> Celery:
+    """A peer's app: N entries of cadence one hour, or the ``beat_schedule`` given."""
     app = Celery(name, set_as_current=False, broker=url)
     app.conf.beat_max_loop_interval = LOOP_INTERVAL_S
-    app.conf.beat_schedule = {
+    app.conf.beat_schedule = beat_schedule if beat_schedule is not None else {
         lane_name(i): {"task": lane_name(i), "schedule": timedelta(seconds=CADENCE_S)}
         for i in range(n)}
     return app
@@ -432,8 +440,9 @@ def redbeat_reset(sched: Any, client: redis.Redis, n: int, last_run_at: datetime
     pipe.execute()
 
 
-def redbeat_app(url: str, n: int) -> Celery:
-    app = peer_app(url, "bench-redbeat", n)
+def redbeat_app(url: str, n: int,
+                beat_schedule: dict[str, dict[str, Any]] | None = None) -> Celery:
+    app = peer_app(url, "bench-redbeat", n, beat_schedule)
     app.conf.redbeat_redis_url = url
     app.conf.redbeat_key_prefix = "tc-redbeat:"
     # Its lock outlives the longest tick measured (sending 100,000 due entries takes longer
