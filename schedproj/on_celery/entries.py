@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 import re
+import time
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any
@@ -38,6 +39,8 @@ logger = logging.getLogger("schedproj.beat")
 
 #: The entry (and task) Celery's beat installs to expire stored results.
 BACKEND_CLEANUP = "celery.backend_cleanup"
+#: One tick spends at most about this long on entries (seconds); the rest wait a tick.
+TICK_BUDGET_S = 0.5
 #: A send that failed is tried again this soon (seconds): its due time stays due.
 RESEND_AFTER_S = 1.0
 
@@ -277,10 +280,15 @@ class BeatEntries:
                 if fresh and not self.store.rebuild_index(self.token, fresh, replace=False):
                     raise BeatLockLost("the beat lock was lost while indexing runtime entries")
                 self.head = now
+            started = time.monotonic()
             while self.head is not None and self.head <= now:
                 more = self._tick_once(now)
                 if not more:
                     break
+                if time.monotonic() - started > TICK_BUDGET_S:
+                    # Thousands due at once (a start, a midnight crontab): the rest in the
+                    # next ticks, so the lanes' tick and the beat lock's renewal come between.
+                    return now
             self._refused = ""
             return self.head
         except redis.ResponseError as exc:

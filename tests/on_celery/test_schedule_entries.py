@@ -312,3 +312,23 @@ def test_paused_entries_wait_and_run_now_sends_at_the_next_tick(
     sched.tick()
     assert len(messages(queues, "celery")) == 2, "run-now waited past the resume"
     sched.close()
+
+
+def test_thousands_due_at_once_are_sent_over_ticks_within_a_budget(
+        key_prefix: str, queues: redis.Redis, redis_client: redis.Redis,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A start with many entries judges them in budgeted ticks (the lanes' tick and the beat
+    lock's renewal come between), and every one is judged."""
+    from schedproj.on_celery import entries as entries_module
+
+    monkeypatch.setattr(entries_module, "TICK_BUDGET_S", 0.0)
+    monkeypatch.setattr("schedproj.store.entry_store.READ_LIMIT", 100)
+    beat_schedule = {f"e{i:04d}": {"task": "shop.report", "schedule": 3600.0}
+                     for i in range(350)}
+    sched = FairScheduler(app=app_with(key_prefix, beat_schedule))
+    ticks = 0
+    while len(states(redis_client, key_prefix)) < 350 and ticks < 10:
+        sched.tick()
+        ticks += 1
+    assert len(states(redis_client, key_prefix)) == 350 and ticks == 4
+    sched.close()
