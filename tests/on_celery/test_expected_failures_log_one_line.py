@@ -154,3 +154,49 @@ def test_a_fenced_write_refused_in_a_lane_body_is_logged_by_celery_as_expected()
         raise KeyError("a bug")
     except KeyError as exc:
         assert get_log_policy(task, ExceptionInfo(), exc) is log_policy_unexpected
+
+
+@needs_redis_server
+def test_a_message_a_worker_cannot_ack_while_redis_restarts_is_one_line(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """kombu logs "Couldn't ack" with a traceback (CRITICAL, through Celery's request logger)
+    when the broker is gone at the end of an acks_late run; a worker gets the filter at start
+    (worker_init), and the record keeps its level and words, on one line."""
+    import redis
+    from kombu import Connection, Queue
+
+    from schedproj.on_celery.expected import CELERY_LOGGERS, one_line_for_celery
+
+    server = RedisServer(tmp_path, "broker")
+    server.start()
+    try:
+        with Connection(server.url) as conn:
+            queue = Queue("q", channel=conn.default_channel)
+            queue.declare()
+            conn.default_channel.basic_publish(
+                conn.default_channel.prepare_message("x"), exchange="", routing_key="q")
+            message = queue.get(no_ack=False)
+            assert message is not None
+            server.kill()  # the broker restarts while the run ends
+            one_line_for_celery()
+            log = logging.getLogger(CELERY_LOGGERS[0])
+            caplog.set_level(logging.CRITICAL, logger=log.name)
+            message.ack_log_error(log, (redis.ConnectionError, ConnectionError))
+    finally:
+        server.kill()
+    [record] = [r for r in caplog.records if "Couldn't ack" in r.getMessage()]
+    assert record.levelno == logging.CRITICAL and record.exc_info is None
+    assert "ConnectionError" in record.getMessage() and "Traceback" not in caplog.text
+
+
+def test_the_filter_leaves_a_bug_its_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    from schedproj.on_celery.expected import CELERY_LOGGERS, one_line_for_celery
+
+    one_line_for_celery()
+    log = logging.getLogger(CELERY_LOGGERS[0])
+    caplog.set_level(logging.CRITICAL, logger=log.name)
+    try:
+        raise KeyError("a bug")
+    except KeyError:
+        log.critical("Couldn't ack %r, reason:%r", 7, "x", exc_info=True)
+    assert caplog.records[-1].exc_info is not None
