@@ -32,9 +32,11 @@ class Cluster:
     env: dict[str, str]
     logdir: Path
     procs: list[Proc] = field(default_factory=list)
+    #: The Celery app the processes run (``-A``): schedproj's own, or a test's app module.
+    app: str = "schedproj.app"
 
     def start(self, name: str, *args: str) -> Proc:
-        proc = spawn(name, [sys.executable, "-m", "celery", "-A", "schedproj.app", *args],
+        proc = spawn(name, [sys.executable, "-m", "celery", "-A", self.app, *args],
                      self.env, self.logdir / f"{name}.log", cwd=ROOT)
         self.procs.append(proc)
         return proc
