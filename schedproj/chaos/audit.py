@@ -29,6 +29,23 @@ FAMILY_JITTER = 0.2
 FAMILY_MEMBERS_ENV = "CHAOS_FAMILY_MEMBERS"
 
 
+#: The chaos app's schedule entries (its ``beat_schedule``, declared in the lanes module), each
+#: an ordinary task :data:`ENTRY_TASK` sent with its entry's name: interval entries (seconds:
+#: one given as a number, one as a timedelta) and a crontab entry due at every minute.
+ENTRY_TASK = "chaos.entry"
+ENTRY_INTERVALS = {"chaos.every-2s": 2.0, "chaos.every-3s": 3.0}
+ENTRY_MINUTELY = "chaos.minutely"
+#: Two claims of one interval entry are made at least an interval apart on beat's clock (one
+#: host, every beat): this much less is a rounding, anything more a second claim of one due
+#: time.
+CLAIM_EPS_S = 0.01
+#: A claim records when the entry ran (``last_run_at``, what its next due time counts from);
+#: its message's publish begins within this of it (the entries come after the lanes in a
+#: tick). A claim recorded earlier than that measures the next due time from a moment before
+#: the run: the next run comes that much early, as Celery's beat would not send it.
+CLAIM_LAG_S = 1.0
+
+
 def family_members(count: int) -> list[str]:
     """The chaos family's member keys."""
     return [f"t{i:03d}" for i in range(count)]
@@ -37,6 +54,16 @@ def family_members(count: int) -> list[str]:
 def overlaps_key(prefix: str) -> str:
     """Audit-Redis list of overlaps seen at the OS level (written by the chaos lanes)."""
     return f"{prefix}:os-overlaps"
+
+
+def entry_sends_key(prefix: str) -> str:
+    """Audit-Redis list of the entry messages beat published, with the due time each claimed."""
+    return f"{prefix}:entry-sends"
+
+
+def entry_runs_key(prefix: str) -> str:
+    """Audit-Redis list of the entry messages a worker ran."""
+    return f"{prefix}:entry-runs"
 
 
 @dataclass(frozen=True)
@@ -248,3 +275,216 @@ class FencedLedger:
         """Accepted writes never go back to an older fence."""
         fences = [int(e["fence"]) for e in self.entries()]
         return all(a <= b for a, b in itertools.pairwise(fences))
+
+
+# -- schedule entries ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Claim:
+    """One entry message as beat published it: the due time it claimed (the state's
+    ``last_run_at`` after the claim; the publish time when the state could not be read) and
+    the run count the claim set (None: unknown)."""
+
+    entry: str
+    task: str
+    at: float
+    count: int | None
+    sent: float
+    #: When its publish began (None: not journaled).
+    began: float | None = None
+
+
+@dataclass(frozen=True)
+class EntryAudit:
+    sends: int
+    runs: int
+    #: (entry, task id): one message run more than once.
+    duplicate_runs: list[tuple[str, str]] = field(default_factory=list)
+    #: (entry, earlier, later): two claims for one due time (interval entries: less than an
+    #: interval apart; crontab: two in one minute).
+    duplicate_due: list[tuple[str, float, float]] = field(default_factory=list)
+    #: (entry, from, to, seconds excused): a due time not claimed within its bound.
+    missed: list[tuple[str, float, float, float]] = field(default_factory=list)
+    #: (entry, from, to): an interval entry's claim came up to one interval later than its
+    #: bound, with a state loss between: the state it counted from was lost.
+    delayed_after_loss: list[tuple[str, float, float]] = field(default_factory=list)
+    #: (entry, minute): a crontab minute that fell while Redis had lost the state, not sent.
+    skipped_after_loss: list[tuple[str, float]] = field(default_factory=list)
+    #: (entry, count): a claim no published message carries (its count was skipped), with a
+    #: beat killed between the claims around it (documented: killed between claim and
+    #: publish, that due time is not sent) / without.
+    unsent_at_beat_kill: list[tuple[str, int]] = field(default_factory=list)
+    unsent: list[tuple[str, int]] = field(default_factory=list)
+    #: (entry, earlier count, later count): the count went back with no fresh start (a state
+    #: older than the last claim: a failover to a replica lacking it).
+    count_rollbacks: list[tuple[str, int, int]] = field(default_factory=list)
+    #: Messages published and never run: the broker restarted empty soon after / not.
+    lost_with_broker: list[str] = field(default_factory=list)
+    undelivered: list[str] = field(default_factory=list)
+    #: Runs of a message no publish record names (a beat killed between publishing and
+    #: journaling it).
+    unlogged_runs: list[str] = field(default_factory=list)
+    #: (entry, recorded run time, publish began): claims recorded more than
+    #: :data:`CLAIM_LAG_S` before their publish began.
+    recorded_early: list[tuple[str, float, float]] = field(default_factory=list)
+    #: Fault kind -> entry due times that fell while it disrupted the fleet.
+    due_during: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def violations(self) -> int:
+        """Due times run twice or missed beyond the documented bounds."""
+        return (len(self.duplicate_runs) + len(self.duplicate_due) + len(self.missed)
+                + len(self.unsent) + len(self.undelivered))
+
+    def summary(self) -> dict[str, Any]:
+        return {"entry_sends": self.sends, "entry_runs": self.runs,
+                "entry_duplicates": len(self.duplicate_runs) + len(self.duplicate_due),
+                "entry_missed": len(self.missed) + len(self.unsent) + len(self.undelivered),
+                "entry_delayed_after_state_loss": len(self.delayed_after_loss),
+                "entry_skipped_after_state_loss": len(self.skipped_after_loss),
+                "entry_unsent_at_beat_kill": len(self.unsent_at_beat_kill),
+                "entry_count_rollbacks": len(self.count_rollbacks),
+                "entry_lost_with_broker": len(self.lost_with_broker),
+                "entry_unlogged_runs": len(self.unlogged_runs),
+                "entry_claims_recorded_early": len(self.recorded_early),
+                "entry_due_during_faults": dict(sorted(self.due_during.items()))}
+
+
+def claims_from_sends(sends: Iterable[Mapping[str, Any]]) -> list[Claim]:
+    return sorted((Claim(entry=str(s["entry"]), task=str(s["task"]),
+                         at=float(s["at"] if s.get("at") is not None else s["t"]),
+                         count=None if s.get("count") is None else int(s["count"]),
+                         sent=float(s["t"]),
+                         began=None if s.get("began") is None else float(s["began"]))
+                   for s in sends), key=lambda c: c.at)
+
+
+def audit_entries(sends: Iterable[Mapping[str, Any]], runs: Iterable[Mapping[str, Any]], *,
+                  intervals: Mapping[str, float], minutely: Iterable[str],
+                  window: tuple[float, float], slack_s: float,
+                  faults: Iterable[tuple[float, str, float]], state_losses: Iterable[str],
+                  broker_losses: Iterable[str], beat_kills: Iterable[str],
+                  deliver_s: float) -> EntryAudit:
+    """Check that each entry due time was sent once, from what beat published
+    (:func:`entry_sends_key`: entry, task id, the claimed due time and count) and what the
+    workers ran (:func:`entry_runs_key`).
+
+    ``faults`` are (began, kind, until): until when the fleet may still be recovering. Time
+    inside them is not counted against an entry's wait, as for the lanes (see :func:`audit`).
+    The bounds, as docs/entries.md documents them:
+
+    * an interval entry is claimed at least one interval after its last claim (less: a
+      second claim of one due time) and at most an interval plus ``slack_s`` after it, not
+      counting fault time; one interval more after a state loss (``state_losses`` kinds) is
+      counted as delayed, not missed: an entry whose state was lost counts from when beat
+      saw the loss;
+    * a crontab entry (``minutely``) is claimed once in each minute, within ``slack_s`` of the
+      minute (not counting fault time); a minute that fell inside a state loss may be skipped
+      (counted: a state that was lost counts from when beat saw the loss);
+    * the claims' counts go up one at a time (or start again at 1 after a state loss): a
+      count skipped is a claim never published, allowed only across a beat killed (a
+      ``beat_kills`` kind: killed between the claim and the publish);
+    * every published message runs once, unless a broker restart (a ``broker_losses`` kind)
+      was under way within ``deliver_s`` after it was published: the message went with it.
+    """
+    claims = claims_from_sends(sends)
+    runs = list(runs)
+    faults = sorted(faults)
+    spans = _merged((began, until) for began, _, until in faults)
+    lossy = [(b, u) for b, kind, u in faults if kind in set(state_losses)]
+    kills = [b for b, kind, _ in faults if kind in set(beat_kills)]
+    broker = [(b, u) for b, kind, u in faults if kind in set(broker_losses)]
+    ran = Counter(str(r["task"]) for r in runs)
+    sent_ids = {c.task for c in claims}
+    report = EntryAudit(sends=len(claims), runs=len(runs))
+    entry_of = {str(r["task"]): str(r["entry"]) for r in runs}
+    report.duplicate_runs.extend(sorted((entry_of[t], t) for t, n in ran.items() if n > 1))
+    unlogged = [r for r in runs if str(r["task"]) not in sent_ids]
+    report.unlogged_runs.extend(str(r["task"]) for r in unlogged)
+    report.recorded_early.extend((c.entry, c.at, c.began) for c in claims
+                                 if c.began is not None and c.began - c.at > CLAIM_LAG_S)
+    hi = window[1]
+    for c in claims:
+        if c.task not in ran and c.sent <= hi:
+            gone = any(began <= c.sent + deliver_s and c.sent <= until
+                       for began, until in broker)
+            (report.lost_with_broker if gone else report.undelivered).append(c.task)
+    for name in {c.entry for c in claims} | set(intervals) | set(minutely):
+        mine = [c for c in claims if c.entry == name]
+        _entry_counts(name, mine, unlogged, kills, report)
+        if name in intervals:
+            _interval_entry(name, intervals[name], mine, window, slack_s, spans, lossy,
+                            faults, report)
+        elif name in set(minutely):
+            _minutely_entry(name, mine, window, slack_s, spans, lossy, faults, report)
+    return report
+
+
+def _during(t: float, faults: list[tuple[float, str, float]], report: EntryAudit) -> None:
+    report.due_during.update({kind for began, kind, until in faults if began <= t <= until})
+
+
+def _interval_entry(name: str, every: float, mine: list[Claim], window: tuple[float, float],
+                    slack_s: float, spans: list[tuple[float, float]],
+                    lossy: list[tuple[float, float]], faults: list[tuple[float, str, float]],
+                    report: EntryAudit) -> None:
+    for a, b in itertools.pairwise(mine):
+        if b.at - a.at < every - CLAIM_EPS_S:
+            report.duplicate_due.append((name, a.at, b.at))
+        _during(a.at + every, faults, report)
+    lo, hi = window
+    points = [lo, *(c.at for c in mine if lo < c.at < hi), hi]
+    for since, until in itertools.pairwise(points):
+        excused = _covered(since, until, spans)
+        over = until - since - excused - (every + slack_s)
+        if over <= 0:
+            continue
+        if over <= every and any(since < began < until for began, _ in lossy):
+            report.delayed_after_loss.append((name, since, until))
+        else:
+            report.missed.append((name, since, until, round(excused, 2)))
+
+
+def _minutely_entry(name: str, mine: list[Claim], window: tuple[float, float], slack_s: float,
+                    spans: list[tuple[float, float]], lossy: list[tuple[float, float]],
+                    faults: list[tuple[float, str, float]], report: EntryAudit) -> None:
+    by_minute: dict[float, list[Claim]] = defaultdict(list)
+    for c in mine:
+        by_minute[c.at // 60 * 60].append(c)
+    for same_minute in by_minute.values():
+        for a, b in itertools.pairwise(same_minute):
+            report.duplicate_due.append((name, a.at, b.at))
+    lo, hi = window
+    for minute in range(int(lo // 60 + 1) * 60, int(hi - slack_s), 60):
+        _during(minute, faults, report)
+        claimed = by_minute.get(float(minute))
+        if not claimed:
+            if any(began <= minute <= until for began, until in lossy):
+                report.skipped_after_loss.append((name, float(minute)))
+            else:
+                report.missed.append((name, float(minute), float(minute), 0.0))
+            continue
+        first = claimed[0].at
+        excused = _covered(minute, first, spans)
+        if first - minute - excused > slack_s:
+            report.missed.append((name, float(minute), first, round(excused, 2)))
+
+
+def _entry_counts(name: str, mine: list[Claim], unlogged: list[Mapping[str, Any]],
+                  kills: list[float], report: EntryAudit) -> None:
+    """Counts go up one per claim: a count skipped is a claim never published (unless its
+    message ran unlogged); a count that goes back, other than a fresh start at 1, read a
+    state older than the last claim."""
+    known = [c for c in sorted(mine, key=lambda c: c.sent) if c.count is not None]
+    for a, b in itertools.pairwise(known):
+        assert a.count is not None and b.count is not None
+        if b.count == 1 or b.count == a.count + 1:
+            continue
+        if b.count <= a.count:
+            report.count_rollbacks.append((name, a.count, b.count))
+            continue
+        quiet = sum(1 for r in unlogged
+                    if str(r["entry"]) == name and a.sent < float(r["t"]) <= b.sent)
+        for missing in range(a.count + 1 + quiet, b.count):
+            killed = any(a.sent <= k <= b.sent for k in kills)
+            (report.unsent_at_beat_kill if killed else report.unsent).append((name, missing))

@@ -4,6 +4,11 @@ Besides the journal, execution is observed directly: every heavy run holds one O
 exclusive lock (``fcntl.flock`` on a file shared by all heavy lanes) for its whole body, and
 each light lane one of its own. Failing to take it means another run is executing right now:
 an overlap, recorded on the audit Redis with who held the lock.
+
+Beside the lanes, the app's own ``beat_schedule`` (:data:`~schedproj.chaos.audit.ENTRY_INTERVALS`
+and a crontab every minute): ordinary tasks, journaled twice on the audit Redis — by beat
+when it has published one (with the due time and count it claimed, read back from the
+entry's state), and by the worker that runs it.
 """
 
 from __future__ import annotations
@@ -14,26 +19,38 @@ import json
 import os
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from functools import cache
 from pathlib import Path
+from typing import Any
 
-from celery import shared_task
+import redis
+from celery import current_app, shared_task
+from celery.schedules import crontab
+from celery.signals import after_task_publish, before_task_publish
 
 from schedproj.chaos.audit import (
+    ENTRY_INTERVALS,
+    ENTRY_MINUTELY,
+    ENTRY_TASK,
     FAMILY,
     FAMILY_CADENCE_S,
     FAMILY_JITTER,
     FAMILY_MEMBERS_ENV,
     LOCK_DIR_ENV,
     FencedLedger,
+    entry_runs_key,
+    entry_sends_key,
     family_members,
     overlaps_key,
 )
-from schedproj.core.errors import LeaseLost
+from schedproj.core.entries import EntryState
+from schedproj.core.errors import LeaseLost, StateError
 from schedproj.core.families import LaneFamily
 from schedproj.core.lanes import Lane, LaneKind
 from schedproj.on_celery.task import LaneTask
 from schedproj.store.connection import connect
+from schedproj.store.protocol import Keys
 
 #: Work per heavy run: steps of this many seconds, checking should_yield() between them.
 STEP_S = 0.15
@@ -139,3 +156,77 @@ def tenant(self: LaneTask, key: str) -> None:
     lane = self.lane_name
     with executing(self, f"light-{lane}", lane):
         time.sleep(0.05)
+
+
+# -- the app's own beat_schedule ----------------------------------------------------------------
+
+def _prefix() -> str:
+    return os.environ.get("SCHEDPROJ_KEY_PREFIX", "chaos")
+
+
+@shared_task(bind=True, name=ENTRY_TASK)
+def entry(self: Any, name: str) -> None:
+    """An ordinary task (no LaneTask): says which message of which entry ran, and when."""
+    ledger(os.getpid()).client.rpush(entry_runs_key(_prefix()), json.dumps(
+        {"entry": name, "task": str(self.request.id), "t": time.time()}))
+
+
+@cache
+def state_client(pid: int) -> redis.Redis:
+    """Per process: the state Redis, asked once, briefly (it may be restarting)."""
+    return connect(os.environ["SCHEDPROJ_REDIS_URL"], socket_timeout_s=1.0, retry=False)
+
+
+#: Entry messages being published in this process (task id -> when the publish began).
+_publishing: dict[str, float] = {}
+
+
+@before_task_publish.connect
+def _entry_publishing(sender: str | None = None, headers: dict[str, Any] | None = None,
+                      **_: Any) -> None:
+    if sender == ENTRY_TASK and headers:
+        _publishing[str(headers["id"])] = time.time()
+
+
+@after_task_publish.connect
+def _journal_entry_sent(sender: str | None = None, headers: dict[str, Any] | None = None,
+                        body: Any = None, **_: Any) -> None:
+    """In beat, once an entry's message is published: journal it with when its publish
+    began, the due time and the count its claim set (the entry's state, read back at once;
+    unknown when Redis cannot say)."""
+    if sender != ENTRY_TASK or not headers:
+        return
+    name = str(body[0][0])
+    began = _publishing.pop(str(headers["id"]), None)
+    at, count = None, None
+    try:
+        raw = state_client(os.getpid()).hget(Keys(_prefix()).entries, name)
+        if raw is not None:
+            state = EntryState.decode(str(raw), name)
+            at, count = state.last_run_at, state.total_run_count
+    except (redis.RedisError, StateError):
+        pass
+    # The audit Redis is never harmed; a record lost anyway shows as an unlogged run.
+    with contextlib.suppress(redis.RedisError):
+        ledger(os.getpid()).client.rpush(entry_sends_key(_prefix()), json.dumps(
+            {"entry": name, "task": str(headers["id"]), "t": time.time(), "began": began,
+             "at": at, "count": count, "pid": os.getpid()}))
+
+
+def beat_schedule() -> dict[str, dict[str, Any]]:
+    """The entries: a number, a timedelta and a crontab, each sending its own name."""
+    every_2s, every_3s = ENTRY_INTERVALS
+    return {
+        every_2s: {"task": ENTRY_TASK, "schedule": ENTRY_INTERVALS[every_2s],
+                   "args": (every_2s,)},
+        every_3s: {"task": ENTRY_TASK,
+                   "schedule": timedelta(seconds=ENTRY_INTERVALS[every_3s]),
+                   "args": (every_3s,)},
+        ENTRY_MINUTELY: {"task": ENTRY_TASK, "schedule": crontab(minute="*"),
+                         "args": (ENTRY_MINUTELY,)},
+    }
+
+
+# The chaos fleet runs schedproj's own app (``-A schedproj.app``), which imports this module as
+# its lane module: it has no module of its own to write a beat_schedule in, so this one does.
+current_app.conf.beat_schedule = {**(current_app.conf.beat_schedule or {}), **beat_schedule()}

@@ -11,20 +11,48 @@ from typing import Any, TextIO
 import redis
 
 from schedproj.chaos.audit import (
+    ENTRY_INTERVALS,
+    ENTRY_MINUTELY,
     FAMILY,
     FAMILY_CADENCE_S,
     FAMILY_JITTER,
+    EntryAudit,
     FencedLedger,
     audit,
+    audit_entries,
+    entry_runs_key,
+    entry_sends_key,
     family_members,
     overlaps_key,
 )
-from schedproj.chaos.faults import RECOVERY_AFTER_S, Figures, fault_count, journal
-from schedproj.chaos.processes import BEAT_LOCK_TTL_S, LEASE_TTL_S, PREFIX, START_DEADLINE_S
+from schedproj.chaos.faults import (
+    FAILOVER,
+    RECOVERY_AFTER_S,
+    STATE_LOSSES,
+    Figures,
+    fault_count,
+    journal,
+)
+from schedproj.chaos.processes import (
+    BEAT_LOCK_TTL_S,
+    LEASE_TTL_S,
+    LOOP_S,
+    PREFIX,
+    START_DEADLINE_S,
+)
 from schedproj.devtools.redis_server import RedisServer
 from schedproj.store.protocol import Keys
 
 CADENCES = {"chaos.h1": 2.0, "chaos.h2": 3.0, "chaos.h3": 4.0, "chaos.pulse": 1.0}
+#: How late an entry may be claimed outside faults: beat looks when its schedule says, within
+#: a loop interval, and its tick may first dispatch the lanes (a hundred family members).
+ENTRY_SLACK_S = LOOP_S + 1.0
+#: How long a published entry message may wait for the light worker before it counts as gone
+#: with a broker restart.
+ENTRY_DELIVER_S = 10.0
+#: Faults that kill the active beat (between an entry's claim and its publish, that due time
+#: is not sent: docs/entries.md).
+BEAT_KILLS = ("kill-beat", "freeze-beat")
 
 
 def run_figures(figures: Figures, exits: list[str], sentinel: bool,
@@ -48,6 +76,9 @@ def collect(audit_redis: RedisServer, figures: Figures, started: float,
     report = audit(entries, dispatches, due_bounds_s=due_bounds(members),
                    window=(started + 15, ended - 2), ledger=ledger.entries(),
                    disruptions=disruptions)
+    beat_entries = audit_schedule_entries(client, disruptions=[
+        (began, kind, done + RECOVERY_AFTER_S.get(kind, 0.0))
+        for began, kind, done in figures.log], window=(started + 15, ended - 2))
     os_overlaps = [json.loads(x) for x in client.lrange(overlaps_key(PREFIX), 0, -1)]
     paused = set(figures.paused_fences)
     after_pause = [o for o in os_overlaps if (o.get("holder") or {}).get("fence") in paused]
@@ -56,6 +87,7 @@ def collect(audit_redis: RedisServer, figures: Figures, started: float,
     return {
         "duration_s": round(ended - started, 1),
         **report.summary(),
+        **beat_entries.summary(),
         "family_members": members,
         "member_runs": len(member_starts),
         "members_that_ran": len({e["lane"] for e in member_starts}),
@@ -81,8 +113,32 @@ def collect(audit_redis: RedisServer, figures: Figures, started: float,
             "stale_beat_starts": report.stale_beat_starts,
             "unended_unrecorded": report.unended_unrecorded,
             "os_overlaps": [o for o in os_overlaps if o not in after_pause],
+            "entries": entry_details(beat_entries),
         },
     }
+
+
+def audit_schedule_entries(client: redis.Redis, disruptions: list[tuple[float, str, float]],
+                           window: tuple[float, float]) -> EntryAudit:
+    """The beat_schedule entries' audit (:func:`audit_entries`) on what beat published and the
+    light worker ran."""
+    return audit_entries(
+        [json.loads(x) for x in client.lrange(entry_sends_key(PREFIX), 0, -1)],
+        [json.loads(x) for x in client.lrange(entry_runs_key(PREFIX), 0, -1)],
+        intervals=ENTRY_INTERVALS, minutely=(ENTRY_MINUTELY,), window=window,
+        slack_s=ENTRY_SLACK_S, faults=disruptions, state_losses=(*STATE_LOSSES, FAILOVER),
+        broker_losses=STATE_LOSSES, beat_kills=BEAT_KILLS, deliver_s=ENTRY_DELIVER_S)
+
+
+def entry_details(entries: EntryAudit) -> dict[str, Any]:
+    return {"duplicate_runs": entries.duplicate_runs, "duplicate_due": entries.duplicate_due,
+            "missed": entries.missed, "unsent": entries.unsent,
+            "undelivered": entries.undelivered,
+            "delayed_after_loss": entries.delayed_after_loss,
+            "skipped_after_loss": entries.skipped_after_loss,
+            "unsent_at_beat_kill": entries.unsent_at_beat_kill,
+            "count_rollbacks": entries.count_rollbacks,
+            "recorded_early": entries.recorded_early}
 
 
 def due_bounds(members: int) -> dict[str, float]:
@@ -111,6 +167,8 @@ def dump(audit_redis: RedisServer, figures: Figures, path: Path) -> None:
         "dispatches": [json.loads(x) for x in client.lrange(keys.dispatch_log, 0, -1)],
         "ledger": FencedLedger(client, PREFIX).entries(),
         "os_overlaps": [json.loads(x) for x in client.lrange(overlaps_key(PREFIX), 0, -1)],
+        "entry_sends": [json.loads(x) for x in client.lrange(entry_sends_key(PREFIX), 0, -1)],
+        "entry_runs": [json.loads(x) for x in client.lrange(entry_runs_key(PREFIX), 0, -1)],
         "faults": figures.log,
     }))
 
@@ -130,6 +188,27 @@ def paused_writers_fenced(entries: list[dict[str, Any]], fences: list[int]) -> b
         return False
     ends = {int(e["fence"]): e for e in entries if e["ev"] == "end"}
     return all(f in ends and ends[f].get("lost") for f in fences)
+
+
+def entry_rows(report: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The table's rows about the beat_schedule entries."""
+    return [
+        ("beat_schedule entries: published / run",
+         f"{report.get('entry_sends')} / {report.get('entry_runs')}"),
+        ("entry due times sent twice (must be 0)", report.get("entry_duplicates")),
+        ("entry due times missed beyond the bound (must be 0)", report.get("entry_missed")),
+        ("entry due times delayed an interval / skipped after a state loss",
+         f"{report.get('entry_delayed_after_state_loss')} / "
+         f"{report.get('entry_skipped_after_state_loss')}"),
+        ("entry claims not published: beat killed between claim and publish",
+         report.get("entry_unsent_at_beat_kill")),
+        ("entry counts gone back (a state older than the last claim)",
+         report.get("entry_count_rollbacks")),
+        ("entry messages lost with a broker restart", report.get("entry_lost_with_broker")),
+        ("entry claims recorded > 1 s before their publish began",
+         report.get("entry_claims_recorded_early")),
+        ("entry due times during each fault", report.get("entry_due_during_faults")),
+    ]
 
 
 def render(report: dict[str, Any], out: TextIO) -> None:
@@ -162,6 +241,7 @@ def render(report: dict[str, Any], out: TextIO) -> None:
         ("killed runs recorded lost", report["recorded_lost"]),
         ("killed runs not recorded (state lost with them)", report["unended_unrecorded"]),
         ("worker exits (must be 0)", report["worker_exits"]),
+        *entry_rows(report),
         ("longest wait after a state loss",
          f"{report['longest_wait_after_state_loss_s']} s"),
         ("fenced stragglers (stopped at a checkpoint)", report["fenced_stragglers"]),

@@ -2,7 +2,9 @@
 
 The default run is short: every fault kind once, on a Sentinel set so a failover to a lagging
 replica is among them. ``pytest -m slow tests/e2e/test_chaos.py`` (or ``schedproj chaos --profile
-long``) runs the long one: at least 100 state losses, 20 failovers and 20 beat freezes.
+long``) runs the long one: at least 100 state losses, 20 failovers and 20 beat freezes. Each
+run is audited twice from one run: the lanes' promises, and the app's own beat_schedule entries
+(each due time sent once, within the bounds of docs/entries.md).
 """
 
 from __future__ import annotations
@@ -58,6 +60,30 @@ def check(report: dict) -> None:
     out = io.StringIO()
     render(report, out)
     assert "overlaps (must be 0)" in out.getvalue()
+
+
+def check_entries(report: dict) -> None:
+    """The app's beat_schedule ran beside the lanes through every fault kind, each due time
+    once: none sent twice, none missed beyond the bounds docs/entries.md gives (a failover, a
+    state loss, a beat killed between a claim and its publish; schedproj/chaos/audit.py:
+    ``audit_entries``)."""
+    found = report["details"]["entries"]
+    assert report["entry_sends"] > 20 and report["entry_runs"] > 20, report
+    assert report["entry_duplicates"] == 0, found
+    assert report["entry_missed"] == 0, found
+    out = io.StringIO()
+    render(report, out)
+    assert "entry due times sent twice (must be 0)" in out.getvalue()
+
+
+#: What the entries audit finds in every chaos run so far: a tick that stalls (Redis frozen,
+#: a Sentinel failing over) between taking its time and claiming an entry records the run at
+#: the tick's start, while Celery's is_due judged it on the clock of the moment; the next tick
+#: finds it due again and sends it a second time
+#: (tests/on_celery/test_entry_claim_after_a_stall.py).
+STALE_CLAIM = ("an entry claimed after a stalled tick records the tick's start as its run and "
+               "is sent again at once (core.entries.plan_entries / on_celery.entries."
+               "CeleryTiming; see test_entry_claim_after_a_stall.py)")
 
 
 #: Outcomes the design expects and handles (Redis restarting, frozen, failing over; a fenced
@@ -121,25 +147,50 @@ def test_the_traceback_reader_finds_expected_types(tmp_path: Path) -> None:
         "TimeoutError", "redis.exceptions.TimeoutError", "schedproj.core.errors.LeaseLost"]}
 
 
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
+    """The short run, once for the tests that audit it. On a failure, the journal, ledger,
+    entry journals and fault times are in its folder for a closer look, and every beat's and
+    worker's log in its "logs"."""
+    where = tmp_path_factory.mktemp("chaos")
+    return run_chaos(duration_s=60, heavy_workers=3, fault_every_s=3.0, sentinel=True,
+                     min_faults=dict.fromkeys(fault_kinds(sentinel=True), 1),
+                     max_duration_s=160, dump_to=where / "chaos-dump.json",
+                     logs_to=where / "logs"), where
+
+
+@pytest.fixture(scope="module")
+def long_run() -> dict:
+    """The README's run: ``schedproj chaos --profile long --json``."""
+    return run_chaos(heavy_workers=3, fault_every_s=4.0, **LONG_PROFILE)
+
+
 @pytest.mark.timeout(300)
-def test_short_chaos_run_keeps_every_promise(tmp_path: Path) -> None:
-    # On a failure, the journal, ledger and fault times are in tmp_path for a closer look,
-    # and every beat's and worker's log in tmp_path / "logs".
-    check(run_chaos(duration_s=60, heavy_workers=3, fault_every_s=3.0, sentinel=True,
-                    min_faults=dict.fromkeys(fault_kinds(sentinel=True), 1),
-                    max_duration_s=160, dump_to=tmp_path / "chaos-dump.json",
-                    logs_to=tmp_path / "logs"))
+def test_short_chaos_run_keeps_every_promise(short_run: tuple[dict, Path]) -> None:
+    report, where = short_run
+    check(report)
     # Every fault kind was injected (check() says so): Redis restarted, frozen and failed
     # over under the workers. What the design expects is one log line, never a traceback.
-    assert list((tmp_path / "logs").glob("heavy*.log")), "the run's logs were not kept"
-    assert expected_tracebacks(tmp_path / "logs") == {}
+    assert list((where / "logs").glob("heavy*.log")), "the run's logs were not kept"
+    assert expected_tracebacks(where / "logs") == {}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.xfail(strict=True, reason=STALE_CLAIM)
+def test_short_chaos_run_sends_each_entry_due_time_once(short_run: tuple[dict, Path]) -> None:
+    check_entries(short_run[0])
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(6000)
-def test_long_chaos_run_keeps_every_promise() -> None:
-    """The README's run: ``schedproj chaos --profile long --json``."""
-    report = run_chaos(heavy_workers=3, fault_every_s=4.0, **LONG_PROFILE)
-    check(report)
-    assert report["state_loss_faults"] >= 100
-    assert report["faults"]["failover"] >= 20 and report["faults"]["freeze-beat"] >= 20
+def test_long_chaos_run_keeps_every_promise(long_run: dict) -> None:
+    check(long_run)
+    assert long_run["state_loss_faults"] >= 100
+    assert long_run["faults"]["failover"] >= 20 and long_run["faults"]["freeze-beat"] >= 20
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(6000)
+@pytest.mark.xfail(strict=True, reason=STALE_CLAIM)
+def test_long_chaos_run_sends_each_entry_due_time_once(long_run: dict) -> None:
+    check_entries(long_run)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from schedproj.chaos.audit import FencedLedger, audit, runs_from_journal
+from typing import Any
+
+from schedproj.chaos.audit import FencedLedger, audit, audit_entries, runs_from_journal
 
 
 def start(task: str, fence: int, t: float, lane: str = "h") -> dict:
@@ -113,3 +115,120 @@ def test_fenced_ledger_refuses_late_writers(redis_client, key_prefix) -> None:
     assert not ledger.append(5, {"fence": 5, "step": 2})  # the paused holder wakes up late
     assert ledger.refused() == 1 and ledger.monotone()
     assert [e["fence"] for e in ledger.entries()] == [5, 7]
+
+
+# -- schedule entries ---------------------------------------------------------------------------
+
+def sent(entry: str, task: str, at: float, count: int | None, t: float | None = None) -> dict:
+    return {"entry": entry, "task": task, "at": at, "count": count,
+            "t": at + 0.01 if t is None else t}
+
+
+def ran(entry: str, task: str, t: float) -> dict:
+    return {"entry": entry, "task": task, "t": t}
+
+
+def every_2s(*ats: float, counts: list[int] | None = None) -> list[dict]:
+    counts = counts or list(range(1, len(ats) + 1))
+    return [sent("e", f"e{i}", at, n) for i, (at, n) in enumerate(zip(ats, counts, strict=True))]
+
+
+def entry_audit(sends: list[dict], runs: list[dict] | None = None, *,
+                faults: list[tuple[float, str, float]] = (), window=(0.0, 10.0)) -> Any:
+    runs = [ran(s["entry"], s["task"], s["t"] + 0.1) for s in sends] if runs is None else runs
+    names = {s["entry"] for s in sends}
+    return audit_entries(sends, runs, intervals={"e": 2.0} if "e" in names else {},
+                         minutely=("m",) if "m" in names else (), window=window,
+                         slack_s=0.5, faults=faults, state_losses=("restart",),
+                         broker_losses=("restart",), beat_kills=("kill-beat",), deliver_s=5.0)
+
+
+def test_entries_sent_once_per_due_time_have_no_findings() -> None:
+    report = entry_audit(every_2s(0.5, 2.6, 4.7, 6.8, 8.9))
+    assert report.violations == 0 and report.summary()["entry_sends"] == 5
+    assert report.summary()["entry_delayed_after_state_loss"] == 0
+
+
+def test_an_interval_entry_claimed_twice_for_one_due_time_or_run_twice() -> None:
+    twice = entry_audit(every_2s(0.5, 2.6, 3.1, 5.2, 7.3, 9.4))
+    assert twice.duplicate_due == [("e", 2.6, 3.1)] and twice.violations == 1
+    sends = every_2s(0.5, 2.6, 4.7, 6.8, 8.9)
+    runs = [ran("e", s["task"], s["t"] + 0.1) for s in sends] + [ran("e", "e2", 5.0)]
+    assert entry_audit(sends, runs).duplicate_runs == [("e", "e2")]
+
+
+def test_an_interval_entry_waiting_past_its_bound_is_missed_unless_a_fault_covers_it() -> None:
+    late = every_2s(0.5, 2.6, 6.0, 8.1)  # 3.4 s after 2.6: bound 2.5
+    assert [m[:3] for m in entry_audit(late).missed] == [("e", 2.6, 6.0)]
+    covered = entry_audit(late, faults=[(3.0, "kill-beat", 5.0)])
+    assert covered.missed == [] and covered.due_during == {"kill-beat": 1}
+
+
+def test_after_a_state_loss_one_fresh_interval_is_delayed_not_missed() -> None:
+    """The state lost at 4.3, just before the due time 4.6 (Redis back and beat noticed by
+    4.8): counted from then, the next claim comes an interval later, at 6.8. Later than one
+    more interval is missed."""
+    fresh = every_2s(0.5, 2.6, 6.8, 8.9, counts=[1, 2, 1, 2])
+    report = entry_audit(fresh, faults=[(4.3, "restart", 4.8)])
+    assert report.violations == 0 and report.delayed_after_loss == [("e", 2.6, 6.8)]
+    assert report.count_rollbacks == []  # a fresh start at 1
+    assert entry_audit(fresh).missed, "no state loss: the same wait is a miss"
+    worse = entry_audit(every_2s(0.5, 2.6, 9.0, counts=[1, 2, 1]),
+                        faults=[(4.3, "restart", 4.8)])
+    assert worse.missed and not worse.delayed_after_loss
+
+
+def test_a_crontab_minute_sent_twice_late_or_not_at_all() -> None:
+    window = (0.0, 200.0)
+    good = [sent("m", "m1", 60.2, 1), sent("m", "m2", 120.1, 2), sent("m", "m3", 180.3, 3)]
+    assert entry_audit(good, window=window).violations == 0
+    twice = [*good, sent("m", "m4", 123.0, 4)]
+    assert entry_audit(twice, window=window).duplicate_due == [("m", 120.1, 123.0)]
+    late = [sent("m", "m1", 60.2, 1), sent("m", "m2", 122.0, 2), sent("m", "m3", 180.3, 3)]
+    assert [m[:2] for m in entry_audit(late, window=window).missed] == [("m", 120.0)]
+    assert entry_audit(late, window=window, faults=[(119.0, "kill-beat", 121.8)]).missed == []
+    gone = [sent("m", "m1", 60.2, 1), sent("m", "m3", 180.3, 2)]
+    assert entry_audit(gone, window=window).missed == [("m", 120.0, 120.0, 0.0)]
+    lost_state = entry_audit(gone, window=window, faults=[(119.5, "restart", 120.5)])
+    assert lost_state.missed == [] and lost_state.skipped_after_loss == [("m", 120.0)]
+
+
+def test_a_claim_never_published_is_allowed_only_across_a_beat_kill() -> None:
+    skipped = every_2s(0.5, 2.6, 4.7, 6.8, 8.9, counts=[1, 2, 4, 5, 6])
+    report = entry_audit(skipped)
+    assert report.unsent == [("e", 3)] and report.violations == 1
+    killed = entry_audit(skipped, faults=[(2.7, "kill-beat", 2.9)])
+    assert killed.unsent == [] and killed.unsent_at_beat_kill == [("e", 3)]
+    # Its message ran, but beat died before journaling the publish: not a claim lost.
+    unlogged = [ran(s["entry"], s["task"], s["t"] + 0.1) for s in skipped] + \
+        [ran("e", "quiet", 3.0)]
+    quiet = entry_audit(skipped, unlogged)
+    assert quiet.unsent == [] and quiet.unlogged_runs == ["quiet"]
+
+
+def test_a_count_going_back_reads_a_state_older_than_the_last_claim() -> None:
+    report = entry_audit(every_2s(0.5, 2.6, 4.7, 6.8, 8.9, counts=[1, 2, 3, 3, 4]))
+    assert report.count_rollbacks == [("e", 3, 3)]
+
+
+def test_a_published_message_never_run_is_lost_with_the_broker_or_undelivered() -> None:
+    sends = every_2s(0.5, 2.6, 4.7, 6.8, 8.9)
+    runs = [ran("e", s["task"], s["t"] + 0.1) for s in sends if s["task"] != "e1"]
+    assert entry_audit(sends, runs).undelivered == ["e1"]
+    restarted = entry_audit(sends, runs, faults=[(3.0, "restart", 3.5)])
+    assert restarted.undelivered == [] and restarted.lost_with_broker == ["e1"]
+
+
+def test_a_claim_recorded_long_before_its_publish_is_told() -> None:
+    """A tick that stalled 3 s before its entries recorded its start as the run's time."""
+    sends = every_2s(0.5, 2.6, 4.7, 6.8, 8.9)
+    sends[2]["began"], sends[3]["began"] = 7.7, 6.9
+    assert entry_audit(sends).recorded_early == [("e", 4.7, 7.7)]
+
+
+def test_a_message_published_while_the_broker_restarts_went_with_it() -> None:
+    """The fault began (waiting for a heavy run) before the publish; the restart came after."""
+    sends = every_2s(0.5, 2.6, 4.7, 6.8, 8.9)
+    runs = [ran("e", s["task"], s["t"] + 0.1) for s in sends if s["task"] != "e2"]
+    report = entry_audit(sends, runs, faults=[(4.0, "restart", 5.5)])
+    assert report.undelivered == [] and report.lost_with_broker == ["e2"]
