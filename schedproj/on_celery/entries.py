@@ -264,7 +264,13 @@ class BeatEntries:
 
     # -- one tick -------------------------------------------------------------------------------
     def tick(self, now: float, changed: bool) -> float | None:
-        """Send the entries due at ``now``; returns the next look (None: none known)."""
+        """Send the entries due now; returns the next look (None: none known).
+
+        ``now`` is the tick's start; the entries are judged on the clock of the moment
+        instead, as their schedules' ``is_due`` is: a tick that stalled before this step (a
+        slow due-check, Redis frozen) would otherwise record a run seconds before the moment
+        its schedule judged it due, and the next tick would find it due again at once."""
+        now = max(now, time.time())
         try:
             if changed:
                 before = self._runtime_raws()
@@ -282,6 +288,7 @@ class BeatEntries:
                 self.head = now
             started = time.monotonic()
             while self.head is not None and self.head <= now:
+                now = max(now, time.time())
                 more = self._tick_once(now)
                 if not more:
                     break

@@ -63,10 +63,6 @@ def stalling_app(key_prefix: str, stall: dict[str, float]) -> Celery:
     return make_app(key_prefix, declare, beat_max_loop_interval_s=0.2, beat_lock_ttl_s=30.0)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "core.entries.plan_entries records last_run_at = the tick's start, while CeleryTiming asks "
-    "Celery's is_due, which judges on the clock of the moment: after a stall the entry is due "
-    "again at once and sent twice in a row (found by the chaos run's entries audit)"))
 def test_an_entry_judged_after_a_stall_is_sent_once_for_its_due_time(
         key_prefix: str, default_queue: redis.Redis) -> None:
     stall = {"s": 0.0}
