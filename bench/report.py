@@ -254,11 +254,12 @@ def _entry_runs_md(s: dict[str, Any]) -> str:
         for key in ("fair", "redbeat"):
             r = row[key]
             if "skipped" in r:
-                rows.append((int(entries), NAMES[key], r["skipped"], *([None] * 9)))
+                rows.append((int(entries), NAMES[key], r["skipped"], *([None] * 11)))
                 continue
-            rows.append((int(entries), NAMES[key], g(r, "start", "start_s"),
+            rows.append((int(entries), NAMES[key], _started(r["start"]),
                          g(r, "start", "round_trips"), g(r, "start", "ticks"),
-                         g(r, "restart", "start_s"), g(r, "restart", "round_trips"),
+                         g(r, "start", "longest_tick_s"), g(r, "start", "lock_lost"),
+                         _started(r["restart"]), g(r, "restart", "round_trips"),
                          g(r, "idle", "ms", "median"), g(r, "idle", "round_trips", "median"),
                          g(r, "memory", "declare_mib"), g(r, "memory", "scheduler_mib"),
                          g(r, "memory", "peak_rss_mib")))
@@ -270,9 +271,18 @@ def _entry_runs_md(s: dict[str, Any]) -> str:
             "first start-up over RSS with the app and its schedule built (gc and `malloc_trim` "
             "before each reading).\n\n"
             + table(("entries", "scheduler", "first start (s)", "round trips", "ticks",
-                     "restart (s)", "round trips", "idle tick (ms, median, own process)",
+                     "longest tick (s)", "beat lock lost", "restart (s)", "round trips",
+                     "idle tick (ms, median, own process)",
                      "round trips / idle tick", "memory: schedule declared (MiB)",
                      "memory: scheduler (MiB)", "peak RSS (MiB)"), rows))
+
+
+def _started(start: dict[str, Any]) -> Any:
+    """A start-up's time, or why it has none."""
+    if start.get("completed", True):
+        return start["start_s"]
+    return (f"**not completed**: gave up after {fmt(start['gave_up_after_s'])} s, "
+            f"{fmt(start['unjudged_at_end'])} entries unjudged")
 
 
 def _entry_pairs_md(s: dict[str, Any]) -> str:
@@ -306,7 +316,8 @@ def _entry_goals_md(goals: dict[str, Any]) -> str:
             f"celery-redbeat — {fmt(goals['idle_within_1x_redbeat'])}; start-up (first and "
             f"restart) within 0.5x — {fmt(goals['startup_within_0.5x_redbeat'])}; beat memory "
             f"(the scheduler's) within 1x — {fmt(goals['memory_within_1x_redbeat'])}. Round "
-            f"trips per idle tick: {goals['round_trips_per_idle_tick']}.\n")
+            f"trips per idle tick: {goals['round_trips_per_idle_tick']}; FairScheduler's beat "
+            f"lock lost during its start-ups: {goals['fair_start_lock_lost']}.\n")
 
 
 def _entry_profile_md(s: dict[str, Any]) -> str:

@@ -257,11 +257,16 @@ def entries_goals(by_size: dict[str, dict[str, Any]]) -> dict[str, Any]:
     largest = max(by_size, key=int)
     r = by_size[largest]["ratios"]
     starts = [r["start_fair_over_redbeat"], r["restart_fair_over_redbeat"]]
+    # A start-up that never judged every entry (the beat lock lost each pass) has no time.
+    incomplete = any(_get(by_size[largest]["fair"], kind, "completed") is False
+                     for kind in ("start", "restart"))
     return {
         "at_entries": int(largest),
         "idle_within_1x_redbeat": _at_most(r["idle_fair_over_redbeat"], 1.0),
-        "startup_within_0.5x_redbeat": None if None in starts
+        "startup_within_0.5x_redbeat": False if incomplete else None if None in starts
         else all(x <= 0.5 for x in starts),
+        "fair_start_lock_lost": {kind: _get(by_size[largest]["fair"], kind, "lock_lost")
+                                 for kind in ("start", "restart")},
         "memory_within_1x_redbeat": _at_most(r["memory_fair_over_redbeat"], 1.0),
         "round_trips_per_idle_tick": {
             run: _get(by_size[largest]["pair"], "idle_pair", f"{run}_round_trips", "median")
