@@ -76,14 +76,6 @@ def check_entries(report: dict) -> None:
     assert "entry due times sent twice (must be 0)" in out.getvalue()
 
 
-#: What the entries audit finds in every chaos run so far: a tick that stalls (Redis frozen,
-#: a Sentinel failing over) between taking its time and claiming an entry records the run at
-#: the tick's start, while Celery's is_due judged it on the clock of the moment; the next tick
-#: finds it due again and sends it a second time
-#: (tests/on_celery/test_entry_claim_after_a_stall.py).
-STALE_CLAIM = ("an entry claimed after a stalled tick records the tick's start as its run and "
-               "is sent again at once (core.entries.plan_entries / on_celery.entries."
-               "CeleryTiming; see test_entry_claim_after_a_stall.py)")
 
 
 #: Outcomes the design expects and handles (Redis restarting, frozen, failing over; a fenced
@@ -176,7 +168,6 @@ def test_short_chaos_run_keeps_every_promise(short_run: tuple[dict, Path]) -> No
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.xfail(strict=True, reason=STALE_CLAIM)
 def test_short_chaos_run_sends_each_entry_due_time_once(short_run: tuple[dict, Path]) -> None:
     check_entries(short_run[0])
 
@@ -191,6 +182,5 @@ def test_long_chaos_run_keeps_every_promise(long_run: dict) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(6000)
-@pytest.mark.xfail(strict=True, reason=STALE_CLAIM)
 def test_long_chaos_run_sends_each_entry_due_time_once(long_run: dict) -> None:
     check_entries(long_run)
