@@ -49,10 +49,11 @@ def test_every_section_ran(smoke: tuple[dict[str, Any], str]) -> None:
     results, text = smoke
     assert results["smoke"] is True
     assert set(results["sections"]) == {"handoff", "tick", "light_delay", "throughput",
-                                        "handoff_scale"}
+                                        "handoff_scale", "entries"}
     assert results["machine"]["cpu"] and results["machine"]["cores"]
     for title in ("Lease hand-off gap", "Tick cost", "Light dispatch delay",
-                  "Light-path throughput", "Hand-off gap with many lanes declared"):
+                  "Light-path throughput", "Hand-off gap with many lanes declared",
+                  "Schedule entries: start-up, idle tick and memory"):
         assert f"## {title}" in text
     if importlib.util.find_spec("matplotlib") is not None:
         assert len(results["plots"]) == 2
@@ -133,3 +134,42 @@ def test_throughput_figures(smoke: tuple[dict[str, Any], str]) -> None:
     assert number(s, "fair", "runs_per_s") > 0
     assert number(s, "bare_beat", "runs_per_s") > 0
     number(s, "ratio_fair_over_bare")
+
+
+def test_entries_figures(smoke: tuple[dict[str, Any], str]) -> None:
+    """1,000 beat_schedule entries, half intervals and half crontabs, on both schedulers:
+    start-ups judged every entry, idle ticks sent nothing (the run asserts both), and every
+    figure and ratio of issue 20's goals is produced."""
+    s = smoke[0]["sections"]["entries"]
+    assert set(s["entries"]) == {"1000"}
+    row = s["entries"]["1000"]
+    fair = row["fair"]
+    for kind in ("start", "restart"):
+        assert fair[kind]["completed"] is True, f"{kind}: not every entry was judged"
+        number(fair, kind, "start_s")
+        assert number(fair, kind, "ticks") >= 1
+        assert number(fair, kind, "round_trips") > 0
+        number(fair, kind, "lock_lost")
+    number(fair, "idle", "ms", "median")
+    assert number(fair, "idle", "round_trips", "median") >= 1
+    number(fair, "memory", "scheduler_mib")
+    number(fair, "memory", "delta_mib")
+    assert fair["profile"]["first_start"] and fair["profile"]["restart"]
+    assert fair["trace_memory"]["top"], "no memory trace of the scheduler"
+    assert {"idle_within_1x_redbeat", "startup_within_0.5x_redbeat",
+            "memory_within_1x_redbeat"} <= set(s["goals"])
+    if importlib.util.find_spec("redbeat") is None:
+        assert "skipped" in row["redbeat"] and "skipped" in row["pair"]
+        return
+    # celery-redbeat stores each entry at start (a pipeline to read it, one to write it).
+    assert number(row["redbeat"], "start", "round_trips") >= 2000
+    number(row["redbeat"], "memory", "scheduler_mib")
+    number(row["pair"], "idle_pair", "fair_ms", "median")
+    number(row["pair"], "idle_pair", "redbeat_ms", "median")
+    for key in ("idle_fair_over_redbeat", "idle_fair_over_redbeat_separate_runs",
+                "start_fair_over_redbeat", "restart_fair_over_redbeat",
+                "memory_with_schedule_fair_over_redbeat"):
+        number(row["ratios"], key)
+    assert row["ratios"]["idle_fair_over_redbeat"] == row["pair"]["idle_pair"]["ratio"]
+    assert isinstance(s["goals"]["idle_within_1x_redbeat"], bool)
+    assert isinstance(s["goals"]["startup_within_0.5x_redbeat"], bool)
