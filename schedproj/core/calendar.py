@@ -48,9 +48,6 @@ _EPOCH = date(1970, 1, 1).toordinal()
 #: How far around an instant a past offset change can still matter: the largest offset (about
 #: 15 h) and the largest backward jump tzdb records (a day, Alaska 1867) fit inside it.
 _WINDOW = 2 * _DAY
-#: A schedule that fires at all fires within one 400-year Gregorian cycle.
-_HORIZON_YEARS = 400
-_HORIZON_S = (_HORIZON_YEARS + 1) * 366 * _DAY
 
 _MONTHS = ("january", "february", "march", "april", "may", "june", "july", "august",
            "september", "october", "november", "december")
@@ -230,16 +227,13 @@ def _days_in_month(year: int, month: int) -> int:
     return _LONGEST_MONTH[month]
 
 
-def _never(s: CronSchedule) -> CalendarError:
-    return CalendarError(f"schedule {s.text or s} matches no day within {_HORIZON_YEARS} "
-                         "years", "name a day of month, month and day of week that meet")
-
+# The searches below end: a schedule names a day of month that one of its months has (checked
+# when it is made), and each such date falls on every day of the week within 400 years.
 
 def _next_day(s: CronSchedule, day: date) -> date:
     """The first day at or after ``day`` that ``s`` matches."""
     doms, months, _ = s._masks
-    limit = day.year + _HORIZON_YEARS
-    while day.year <= limit:
+    while True:
         if not (months >> day.month) & 1:
             i = bisect_right(s._month_list, day.month)
             day = (date(day.year, s._month_list[i], 1) if i < len(s._month_list)
@@ -254,14 +248,12 @@ def _next_day(s: CronSchedule, day: date) -> date:
             day = date.fromordinal(day.toordinal() + 1)
         else:
             return day
-    raise _never(s)
 
 
 def _previous_day(s: CronSchedule, day: date) -> date:
     """The last day at or before ``day`` that ``s`` matches."""
     doms, months, _ = s._masks
-    limit = day.year - _HORIZON_YEARS
-    while day.year >= limit:
+    while True:
         if not (months >> day.month) & 1:
             i = bisect_left(s._month_list, day.month) - 1
             year, month = (day.year, s._month_list[i]) if i >= 0 else (
@@ -275,7 +267,6 @@ def _previous_day(s: CronSchedule, day: date) -> date:
             day = date.fromordinal(day.toordinal() - 1)
         else:
             return day
-    raise _never(s)
 
 
 def _next_wall(s: CronSchedule, wall: int) -> int:
@@ -325,9 +316,7 @@ _YEARS: dict[tuple[tzinfo, int], _Year] = {}
 
 def _offset(zone: tzinfo, instant: int) -> int:
     offset = datetime.fromtimestamp(instant, zone).utcoffset()
-    if offset is None:
-        raise CalendarError(f"time zone {zone!r} gives no UTC offset",
-                            "pass an IANA zone name such as 'Europe/Berlin'")
+    assert offset is not None   # fromtimestamp has refused a zone without one
     return offset.days * _DAY + offset.seconds
 
 
@@ -435,8 +424,6 @@ def _elapsed_next(s: CronSchedule, zone: tzinfo, after: float) -> int:
         if wall - offset < end:
             return wall - offset
         start, end, offset = next(segments)
-        if start - after > _HORIZON_S:
-            raise _never(s)
         low = -(-(start + offset) // 60) * 60
 
 
@@ -449,8 +436,6 @@ def _elapsed_previous(s: CronSchedule, zone: tzinfo, at: float) -> int:
         if wall - offset >= start:
             return wall - offset
         start, end, offset = next(segments)
-        if at - end > _HORIZON_S:
-            raise _never(s)
         high = (end + offset - 1) // 60 * 60
 
 

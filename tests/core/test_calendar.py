@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import subprocess
 import sys
 from datetime import UTC, date, datetime, time, timedelta, tzinfo
@@ -25,6 +26,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import schedproj
+from schedproj.core import calendar
 from schedproj.core.calendar import (
     CalendarError,
     CronSchedule,
@@ -51,6 +53,15 @@ EXPRESSIONS = ("30 2 * * *", "0 3 * * *", "59 1 * * *", "15 2 * * *", "45 1 * * 
                "0 2 * * *", "0 0 * * *", "30 23 * * *", "* 2 * * *", "0 */2 * * *",
                "*/15 * * * *", "0 * * * *", "45 * * * *")
 FROM, UNTIL = datetime(2026, 1, 1, tzinfo=UTC), datetime(2028, 1, 1, tzinfo=UTC)
+
+
+@pytest.fixture(autouse=True)
+def _from_scratch() -> None:
+    """Each test computes from scratch: a zone table or parsed expression kept from an earlier
+    test (or from the process a mutation run forks from) would hide a defect in what made it."""
+    calendar._YEARS.clear()
+    calendar._ZONES.clear()
+    calendar.parse.cache_clear()
 
 
 def utc(text: str) -> float:
@@ -383,15 +394,22 @@ def test_a_bad_expression_says_what_is_wrong_and_how_to_fix_it(expression: str,
                                                                problem: str) -> None:
     with pytest.raises(CalendarError, match=problem) as caught:
         parse(expression)
-    assert isinstance(caught.value, ValueError) and isinstance(caught.value, ConfigurationError)
-    assert "Fix: " in str(caught.value)
+    error = caught.value
+    assert isinstance(error, ValueError) and isinstance(error, ConfigurationError)
+    assert str(error) == f"{error.problem}. Fix: {error.fix}"
+    assert re.search(problem, error.problem) and error.fix
 
 
 def test_a_bad_field_hint_names_the_fields_own_range_and_names() -> None:
     with pytest.raises(CalendarError, match=r"numbers 0-6 \(Sunday is 0.*names sun-sat"):
         parse("* * * * 8")
-    with pytest.raises(CalendarError, match="numbers 1-12, or names jan-dec"):
+    with pytest.raises(CalendarError, match="numbers 1-12, or names jan-dec, '"):
         parse("* * * 0 *")
+    with pytest.raises(CalendarError, match=r"'mon' is not a number\. Fix: use numbers 0-59, "):
+        parse("mon * * * *")
+    with pytest.raises(CalendarError, match=r"'funday' is not a number or a name\. Fix: use "
+                                            "numbers 0-6"):
+        parse("* * * * funday")
     with pytest.raises(CalendarError, match=r"numbers 0-59, '\*'"):
         parse_fields(minute=[61])
     with pytest.raises(CalendarError, match="hour field names no value"):
@@ -589,6 +607,36 @@ def test_zones_may_be_given_as_tzinfo_and_schedules_parsed() -> None:
     assert next_fire("0 9 * * *", UTC, on_friday) == utc("2026-07-04T09:00")
 
 
+def test_february_29th_waits_for_leap_years_by_the_gregorian_rules() -> None:
+    """2100 is no leap year (divisible by 100), 2000 and 2400 are (divisible by 400)."""
+    assert next_fire("0 0 29 2 *", "UTC", utc("2097-01-01T00:00")) == utc("2104-02-29T00:00")
+    assert previous_fire("0 0 29 2 *", "UTC", utc("2103-01-01T00:00")) == utc(
+        "2096-02-29T00:00")
+    assert previous_fire("0 0 29 2 *", "UTC", utc("2003-01-01T00:00")) == utc(
+        "2000-02-29T00:00")
+    assert next_fire("0 0 29 2 *", "UTC", utc("2397-01-01T00:00")) == utc("2400-02-29T00:00")
+    assert next_fire("0 0 28,29 2 *", "UTC", utc("2100-02-28T12:00")) == utc(
+        "2101-02-28T00:00")
+    assert previous_fire("0 0 31 * *", "UTC", utc("2100-04-30T00:00")) == utc(
+        "2100-03-31T00:00")
+
+
+def test_a_zone_that_changes_its_standard_offset_for_good() -> None:
+    """Moscow stayed on +04 from March 2011 and went back to +03 on 2014-10-26 (02:00 became
+    01:00): January 2014 fires on +04, 01:30 on the change day fires once, at its first
+    occurrence, and December fires on +03."""
+    assert next_fire("0 12 * * *", "Europe/Moscow", utc("2014-01-15T00:00")) == utc(
+        "2014-01-15T08:00")
+    assert list(fires_between("30 1 * * *", "Europe/Moscow", utc("2014-10-25T12:00"),
+                              utc("2014-10-26T12:00"))) == [utc("2014-10-25T21:30")]
+    assert list(fires_between("30 * * * *", "Europe/Moscow", utc("2014-10-25T20:00"),
+                              utc("2014-10-25T23:00"))) == [utc("2014-10-25T20:30"),
+                                                            utc("2014-10-25T21:30"),
+                                                            utc("2014-10-25T22:30")]
+    assert previous_fire("0 12 * * *", "Europe/Moscow", utc("2014-12-15T12:00")) == utc(
+        "2014-12-15T09:00")
+
+
 def test_a_rare_schedule_is_found_years_away_both_ways() -> None:
     """February 29th on a Monday: 2044 next, 2016 before (a day-by-day count agrees)."""
     assert date(2044, 2, 29).isoweekday() == 1 and date(2016, 2, 29).isoweekday() == 1
@@ -597,6 +645,37 @@ def test_a_rare_schedule_is_found_years_away_both_ways() -> None:
     assert next_fire("0 0 29 2 1", "UTC", after) == utc("2044-02-29T00:00")
     assert previous_fire("0 0 29 2 1", "UTC", after) == utc("2016-02-29T00:00")
     assert next_fire("59 23 31 12 *", "Europe/Berlin", after) == utc("2026-12-31T22:59")
+
+
+class SpringsForwardAt(tzinfo):
+    """A zone of our own: +01:00 until the instant ``at``, +02:00 from it (a change at any
+    second, where tzdb's fall on whole minutes)."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def fromutc(self, dt: datetime) -> datetime:
+        instant = (dt.replace(tzinfo=UTC) - datetime(1970, 1, 1, tzinfo=UTC)).total_seconds()
+        return dt + timedelta(hours=1 if instant < self.at else 2)
+
+    def utcoffset(self, dt: datetime | None) -> timedelta:
+        assert dt is not None
+        wall = (dt.replace(tzinfo=UTC) - datetime(1970, 1, 1, tzinfo=UTC)).total_seconds()
+        return timedelta(hours=1 if wall < self.at + 3600 else 2)
+
+    def dst(self, dt: datetime | None) -> timedelta:
+        return timedelta(0)
+
+
+@pytest.mark.parametrize("seconds", [0, 1, 2, 3, 5, 59, 61, 1799])
+def test_a_change_at_any_second_is_found_to_the_second(seconds: int) -> None:
+    """Any ``tzinfo`` serves: the gap's end, where a skipped wall time fires, is the change's
+    own second."""
+    at = int(utc("2026-03-29T01:00")) + seconds
+    zone = SpringsForwardAt(at)
+    assert next_fire("30 2 * * *", zone, at - 3600) == at
+    assert previous_fire("30 2 * * *", zone, at + 60) == at
+    assert next_fire("30 2 * * *", zone, at) == utc("2026-03-30T00:30")
 
 
 @pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan])
