@@ -184,13 +184,6 @@ class CronSchedule:
         matching wall time fires once (after a gap, at the first occurrence of a repeat)."""
         return len(self.hours) == 24
 
-    def day_matches(self, day: date) -> bool:
-        """Whether ``day`` matches the day of month, the month and the day of week (all three,
-        as Celery's crontab requires)."""
-        doms, months, dows = self._masks
-        return bool((months >> day.month) & (doms >> day.day) & (dows >> day.isoweekday() % 7)
-                    & 1)
-
 
 @lru_cache(maxsize=4096)
 def parse(expression: str) -> CronSchedule:
@@ -231,8 +224,9 @@ def _days_in_month(year: int, month: int) -> int:
 # when it is made), and each such date falls on every day of the week within 400 years.
 
 def _next_day(s: CronSchedule, day: date) -> date:
-    """The first day at or after ``day`` that ``s`` matches."""
-    doms, months, _ = s._masks
+    """The first day at or after ``day`` that ``s`` matches: its month, its day of month and
+    its day of week (all three, as Celery's crontab requires)."""
+    doms, months, dows = s._masks
     while True:
         if not (months >> day.month) & 1:
             i = bisect_right(s._month_list, day.month)
@@ -243,8 +237,8 @@ def _next_day(s: CronSchedule, day: date) -> date:
             if i < len(s._days) and s._days[i] <= _days_in_month(day.year, day.month):
                 day = day.replace(day=s._days[i])
             else:   # past the month's last named day: on to the next month's first
-                day = date.fromordinal(day.replace(day=1).toordinal() + 31).replace(day=1)
-        elif not s.day_matches(day):
+                day = date(day.year + day.month // 12, day.month % 12 + 1, 1)
+        elif not (dows >> day.isoweekday() % 7) & 1:
             day = date.fromordinal(day.toordinal() + 1)
         else:
             return day
@@ -252,7 +246,7 @@ def _next_day(s: CronSchedule, day: date) -> date:
 
 def _previous_day(s: CronSchedule, day: date) -> date:
     """The last day at or before ``day`` that ``s`` matches."""
-    doms, months, _ = s._masks
+    doms, months, dows = s._masks
     while True:
         if not (months >> day.month) & 1:
             i = bisect_left(s._month_list, day.month) - 1
@@ -263,7 +257,7 @@ def _previous_day(s: CronSchedule, day: date) -> date:
             i = bisect_left(s._days, day.day) - 1
             day = (day.replace(day=s._days[i]) if i >= 0
                    else date.fromordinal(day.replace(day=1).toordinal() - 1))
-        elif not s.day_matches(day):
+        elif not (dows >> day.isoweekday() % 7) & 1:
             day = date.fromordinal(day.toordinal() - 1)
         else:
             return day
@@ -392,11 +386,12 @@ def _local_reach(zone: tzinfo, instant: float) -> tuple[float, float]:
 def _earliest_at_or_after(zone: tzinfo, wall: int) -> int:
     """The first instant whose local wall time is ``wall`` or later: ``wall``'s only instant,
     the first of two when it repeats, the end of the gap when the clock skips it."""
-    for start, end, offset in _segments_from(zone, wall - _WINDOW):
+    segments = _segments_from(zone, wall - _WINDOW)
+    while True:
+        start, end, offset = next(segments)
         instant = max(start, wall - offset)
         if instant < end:
             return instant
-    raise AssertionError("unreachable: the segments never end")
 
 
 # -- fire times ---------------------------------------------------------------------------------

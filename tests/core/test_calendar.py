@@ -647,21 +647,34 @@ def test_a_rare_schedule_is_found_years_away_both_ways() -> None:
     assert next_fire("59 23 31 12 *", "Europe/Berlin", after) == utc("2026-12-31T22:59")
 
 
-class SpringsForwardAt(tzinfo):
-    """A zone of our own: +01:00 until the instant ``at``, +02:00 from it (a change at any
-    second, where tzdb's fall on whole minutes)."""
+class ChangesAt(tzinfo):
+    """A zone of our own with one change, at any second (tzdb's fall on whole minutes): UTC+
+    ``before`` hours until the instant ``at``, UTC+``after`` hours from it."""
 
-    def __init__(self, at: int) -> None:
-        self.at = at
+    def __init__(self, at: int, before: int, after: int) -> None:
+        self.at, self.before, self.after = at, before * 3600, after * 3600
+
+    @staticmethod
+    def _seconds(dt: datetime) -> float:
+        return (dt.replace(tzinfo=UTC) - datetime(1970, 1, 1, tzinfo=UTC)).total_seconds()
 
     def fromutc(self, dt: datetime) -> datetime:
-        instant = (dt.replace(tzinfo=UTC) - datetime(1970, 1, 1, tzinfo=UTC)).total_seconds()
-        return dt + timedelta(hours=1 if instant < self.at else 2)
+        instant = self._seconds(dt)
+        offset = self.before if instant < self.at else self.after
+        wall = instant + offset
+        repeated = instant >= self.at and wall < self.at + self.before   # the second pass
+        return (dt + timedelta(seconds=offset)).replace(fold=int(repeated))
 
     def utcoffset(self, dt: datetime | None) -> timedelta:
         assert dt is not None
-        wall = (dt.replace(tzinfo=UTC) - datetime(1970, 1, 1, tzinfo=UTC)).total_seconds()
-        return timedelta(hours=1 if wall < self.at + 3600 else 2)
+        wall = self._seconds(dt)
+        early, late = self.at + min(self.before, self.after), self.at + max(self.before,
+                                                                            self.after)
+        if wall < early or (wall < late and self.before > self.after and not dt.fold):
+            return timedelta(seconds=self.before)
+        if wall >= late or self.before > self.after:
+            return timedelta(seconds=self.after)
+        return timedelta(seconds=self.before)   # a skipped wall time, read as before
 
     def dst(self, dt: datetime | None) -> timedelta:
         return timedelta(0)
@@ -672,10 +685,23 @@ def test_a_change_at_any_second_is_found_to_the_second(seconds: int) -> None:
     """Any ``tzinfo`` serves: the gap's end, where a skipped wall time fires, is the change's
     own second."""
     at = int(utc("2026-03-29T01:00")) + seconds
-    zone = SpringsForwardAt(at)
+    zone = ChangesAt(at, 1, 2)
     assert next_fire("30 2 * * *", zone, at - 3600) == at
     assert previous_fire("30 2 * * *", zone, at + 60) == at
     assert next_fire("30 2 * * *", zone, at) == utc("2026-03-30T00:30")
+
+
+def test_the_last_second_before_a_change_counts() -> None:
+    """A change one second past a whole minute: the wall time the clock showed in the second
+    just before it (02:00:00, then 03:00:00) is the last fire, by real time and by wall time."""
+    spring = int(utc("2026-03-29T01:00"))
+    assert previous_fire("* * * * *", ChangesAt(spring + 1, 1, 2), spring + 1.5) == spring
+    autumn = int(utc("2026-10-25T01:00"))
+    zone = ChangesAt(autumn + 1, 2, 1)   # 03:00:00 CEST, then 02:00:01 CET
+    assert previous_fire("0 3 * * *", zone, autumn + 11) == autumn
+    assert next_fire("0 3 * * *", zone, autumn + 11) == utc("2026-10-26T02:00")
+    assert list(fires_between("0 * * * *", zone, autumn - 1, autumn + 3600)) == [
+        autumn, autumn + 3600]
 
 
 @pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan])
