@@ -164,9 +164,9 @@ class CronSchedule:
     _masks: tuple[int, int, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for f, values in zip(_FIELDS, (self.minutes, self.hours, self.days_of_month,
-                                       self.months, self.days_of_week), strict=True):
-            _expand(f, values)   # the same checks as parsed text gets
+        # The same checks as parsed text gets.
+        list(map(_expand, _FIELDS, (self.minutes, self.hours, self.days_of_month, self.months,
+                                    self.days_of_week)))
         if not any(day <= _LONGEST_MONTH[m] for m in self.months for day in self.days_of_month):
             raise CalendarError(f"schedule {self.text or self}: no month it names has a day "
                                 "of month it names", "name a day that exists in one of the months")
@@ -204,12 +204,15 @@ def parse_fields(minute: Spec = "*", hour: Spec = "*", day_of_month: Spec = "*",
     """A schedule from its fields, each a text (as in an expression), a number or numbers, as
     Celery's ``crontab`` takes them (its expanded ``.minute``, ``.hour``, ... sets fit too)."""
     specs = (minute, hour, day_of_month, month_of_year, day_of_week)
-    values = [_expand(f, spec) for f, spec in zip(_FIELDS, specs, strict=True)]
+    values = list(map(_expand, _FIELDS, specs))
     if text is None:
-        text = " ".join(spec if isinstance(spec, str) else ",".join(map(str, sorted(v)))
-                        for spec, v in zip(specs, values, strict=True))
+        text = " ".join(map(_spelling, specs, values))
     minutes, hours, days_of_month, months, days_of_week = values
     return CronSchedule(minutes, hours, days_of_month, months, days_of_week, text=text)
+
+
+def _spelling(spec: Spec, values: frozenset[int]) -> str:
+    return spec if isinstance(spec, str) else ",".join(map(str, sorted(values)))
 
 
 # -- wall times: local seconds since 1970-01-01 00:00 on the zone's own clock ------------------
@@ -297,12 +300,12 @@ def _previous_wall(s: CronSchedule, wall: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class _Year:
-    """One UTC year of a zone: segment i runs from starts[i] to ends[i] (exclusive) at
-    offsets[i] seconds east of UTC. The first starts and the last ends at the year's edge."""
+    """One UTC year of a zone, in segments of one offset: (start, end, offset) with the end
+    exclusive and the offset in seconds east of UTC; the first starts and the last ends at the
+    year's edge. ``starts`` are the segments' starts, to search."""
 
     starts: tuple[int, ...]
-    ends: tuple[int, ...]
-    offsets: tuple[int, ...]
+    segments: tuple[tuple[int, int, int], ...]
 
 
 _YEARS: dict[tuple[tzinfo, int], _Year] = {}
@@ -332,7 +335,8 @@ def _probe_year(zone: tzinfo, year: int) -> _Year:
             starts.append(high)
             offsets.append(_offset(zone, high))
         probe = ahead
-    return _Year(tuple(starts), (*starts[1:], end), tuple(offsets))
+    ends = [*starts[1:], end]
+    return _Year(tuple(starts), tuple((starts[k], ends[k], offsets[k]) for k in range(len(ends))))
 
 
 def _year(zone: tzinfo, year: int) -> _Year:
@@ -352,7 +356,7 @@ def _segments_from(zone: tzinfo, instant: int) -> Iterator[tuple[int, int, int]]
     table = _year(zone, year)
     i = bisect_right(table.starts, instant) - 1
     while True:
-        yield from zip(table.starts[i:], table.ends[i:], table.offsets[i:], strict=True)
+        yield from table.segments[i:]
         year += 1
         table, i = _year(zone, year), 0
 
@@ -363,11 +367,10 @@ def _segments_until(zone: tzinfo, instant: int) -> Iterator[tuple[int, int, int]
     table = _year(zone, year)
     i = bisect_right(table.starts, instant) - 1
     while True:
-        for k in range(i, -1, -1):
-            yield table.starts[k], table.ends[k], table.offsets[k]
+        yield from reversed(table.segments[:i + 1])
         year -= 1
         table = _year(zone, year)
-        i = len(table.starts) - 1
+        i = len(table.segments) - 1
 
 
 def _local_reach(zone: tzinfo, instant: float) -> tuple[float, float]:
@@ -434,21 +437,15 @@ def _elapsed_previous(s: CronSchedule, zone: tzinfo, at: float) -> int:
         high = (end + offset - 1) // 60 * 60
 
 
-_ZONES: dict[str, tzinfo] = {}
-
-
 def _zone(tz: str | tzinfo) -> tzinfo:
     if not isinstance(tz, str):
         return tz
-    zone = _ZONES.get(tz)
-    if zone is None:
-        try:
-            zone = _ZONES[tz] = ZoneInfo(tz)
-        except (ZoneInfoNotFoundError, ValueError, OSError) as exc:   # OSError: a folder name
-            raise CalendarError(f"unknown time zone {tz!r}", "use an IANA zone name such as "
-                                "'Europe/Berlin'; where the system has no zone data, install "
-                                "the tzdata package") from exc
-    return zone
+    try:
+        return ZoneInfo(tz)   # kept by ZoneInfo's own cache: the same object for the same name
+    except (ZoneInfoNotFoundError, ValueError, OSError) as exc:   # OSError: a folder's name
+        raise CalendarError(f"unknown time zone {tz!r}", "use an IANA zone name such as "
+                            "'Europe/Berlin'; where the system has no zone data, install the "
+                            "tzdata package") from exc
 
 
 def _schedule(schedule: str | CronSchedule) -> CronSchedule:

@@ -60,7 +60,6 @@ def _from_scratch() -> None:
     """Each test computes from scratch: a zone table or parsed expression kept from an earlier
     test (or from the process a mutation run forks from) would hide a defect in what made it."""
     calendar._YEARS.clear()
-    calendar._ZONES.clear()
     calendar.parse.cache_clear()
 
 
@@ -385,6 +384,7 @@ def test_fields_read_as_celery_reads_them(expression: str, minutes: set[int], ho
     ("1,,2 * * * *", "minute field '1,,2': an empty list item"),
     ("5/15 * * * *", "minute field '5/15': cannot read '5/15'"),
     ("* * * * funday", "day of week field 'funday': 'funday' is not a number or a name"),
+    ("* * * * mon-funday", "day of week field 'mon-funday': 'funday' is not a number or a name"),
     ("mon * * * *", "minute field 'mon': 'mon' is not a number"),
     ("* * * mon *", "month field 'mon': 'mon' is not a number or a name"),
     ("0 0 30 2 *", "no month it names has a day of month it names"),
@@ -400,6 +400,44 @@ def test_a_bad_expression_says_what_is_wrong_and_how_to_fix_it(expression: str,
     assert re.search(problem, error.problem) and error.fix
 
 
+def test_the_words_of_an_error() -> None:
+    """Whole messages, as an operator reads them."""
+    cases = [
+        (lambda: parse("*/0 * * * *"), "minute field '*/0': a step of 0. Fix: use a step of 1 "
+                                       "or more"),
+        (lambda: parse("0 0 30 2 *"), "schedule 0 0 30 2 *: no month it names has a day of "
+                                      "month it names. Fix: name a day that exists in one of "
+                                      "the months"),
+        (lambda: next_fire("* * * * *", "Mars/Olympus", 0.0),
+         "unknown time zone 'Mars/Olympus'. Fix: use an IANA zone name such as "
+         "'Europe/Berlin'; where the system has no zone data, install the tzdata package"),
+        (lambda: next_fire("* * * * *", "UTC", math.inf),
+         "after is inf. Fix: pass epoch seconds (a finite number)"),
+        (lambda: parse("* 7-5x * * *"), "hour field '7-5x': '5x' is not a number. Fix: use "
+                                        "numbers 0-23, '*', ranges a-b, steps */n or a-b/n, "
+                                        "and commas between them"),
+    ]
+    for make, words in cases:
+        with pytest.raises(CalendarError) as caught:
+            make()
+        assert str(caught.value) == words
+
+
+@pytest.mark.parametrize(("fields", "problem"), [
+    ({"minute": [5, 61]}, "minute field '5,61': 61 is outside 0-59"),
+    ({"hour": []}, "hour field names no value"),
+    ({"minute": " "}, "minute field is empty"),
+    ({"minute": [True]}, "minute field: True is not a whole number"),
+    ({"minute": -1}, "minute field '-1': -1 is outside 0-59"),
+])
+def test_fields_given_as_numbers_are_checked_too(fields: dict[str, object],
+                                                 problem: str) -> None:
+    with pytest.raises(CalendarError) as caught:
+        parse_fields(**fields)
+    assert caught.value.problem == problem
+    assert caught.value.fix.startswith("use numbers ")
+
+
 def test_a_bad_field_hint_names_the_fields_own_range_and_names() -> None:
     with pytest.raises(CalendarError, match=r"numbers 0-6 \(Sunday is 0.*names sun-sat"):
         parse("* * * * 8")
@@ -410,16 +448,6 @@ def test_a_bad_field_hint_names_the_fields_own_range_and_names() -> None:
     with pytest.raises(CalendarError, match=r"'funday' is not a number or a name\. Fix: use "
                                             "numbers 0-6"):
         parse("* * * * funday")
-    with pytest.raises(CalendarError, match=r"numbers 0-59, '\*'"):
-        parse_fields(minute=[61])
-    with pytest.raises(CalendarError, match="hour field names no value"):
-        parse_fields(hour=[])
-    with pytest.raises(CalendarError, match="minute field is empty"):
-        parse_fields(minute=" ")
-    with pytest.raises(CalendarError, match="True is not a whole number"):
-        parse_fields(minute=[True])
-    with pytest.raises(CalendarError, match="minute field '-1': -1 is outside"):
-        parse_fields(minute=-1)
 
 
 def test_fields_may_be_numbers_as_celerys_crontab_takes_them() -> None:
@@ -432,6 +460,9 @@ def test_fields_may_be_numbers_as_celerys_crontab_takes_them() -> None:
     assert from_crontab.text == "0,20,40 1,2,3 " + ",".join(map(str, range(1, 32))) + \
         " 1,2,3,4,5,6,7,8,9,10,11,12 1,2,3,4,5"
     assert parse_fields(minute=5, hour=(2, 3)) == parse("5 2,3 * * *")
+    assert parse_fields(minute=5) == parse("5 * * * *")
+    assert parse_fields(minute=5).text == "5 * * * *"
+    assert parse_fields("*/20", "1-3", day_of_week=[1, 2]).text == "*/20 1-3 * * 1,2"
     assert parse("0-59/15 0-23 * * *") == parse("*/15 * * * *")
     assert parse(" 0  2 * * * ").text == "0 2 * * *"
 
@@ -635,6 +666,17 @@ def test_a_zone_that_changes_its_standard_offset_for_good() -> None:
                                                             utc("2014-10-25T22:30")]
     assert previous_fire("0 12 * * *", "Europe/Moscow", utc("2014-12-15T12:00")) == utc(
         "2014-12-15T09:00")
+
+
+def test_the_search_rolls_over_the_year_end() -> None:
+    """A yearly and a monthly schedule from late in the year, a monthly one from early on."""
+    assert next_fire("0 0 1 1 *", "UTC", utc("2026-06-15T00:00")) == utc("2027-01-01T00:00")
+    assert next_fire("0 0 10 * *", "UTC", utc("2026-12-15T00:00")) == utc("2027-01-10T00:00")
+    assert next_fire("0 0 10 * *", "UTC", utc("2026-11-15T00:00")) == utc("2026-12-10T00:00")
+    assert previous_fire("0 0 31 12 *", "UTC", utc("2026-06-15T00:00")) == utc(
+        "2025-12-31T00:00")
+    assert previous_fire("0 0 20 * *", "UTC", utc("2026-01-15T00:00")) == utc(
+        "2025-12-20T00:00")
 
 
 def test_a_rare_schedule_is_found_years_away_both_ways() -> None:
