@@ -354,23 +354,20 @@ def _segments_from(zone: tzinfo, instant: int) -> Iterator[tuple[int, int, int]]
     """(start, end, offset) of the segment holding ``instant``, then of each one after it."""
     year = _year_of(instant)
     table = _year(zone, year)
-    i = bisect_right(table.starts, instant) - 1
+    yield from table.segments[bisect_right(table.starts, instant) - 1:]
     while True:
-        yield from table.segments[i:]
         year += 1
-        table, i = _year(zone, year), 0
+        yield from _year(zone, year).segments
 
 
 def _segments_until(zone: tzinfo, instant: int) -> Iterator[tuple[int, int, int]]:
     """(start, end, offset) of the segment holding ``instant``, then of each one before it."""
     year = _year_of(instant)
     table = _year(zone, year)
-    i = bisect_right(table.starts, instant) - 1
+    yield from reversed(table.segments[:bisect_right(table.starts, instant)])
     while True:
-        yield from reversed(table.segments[:i + 1])
         year -= 1
-        table = _year(zone, year)
-        i = len(table.segments) - 1
+        yield from reversed(_year(zone, year).segments)
 
 
 def _local_reach(zone: tzinfo, instant: float) -> tuple[float, float]:
