@@ -13,6 +13,7 @@ import math
 from schedproj.core import defaults
 from schedproj.core.lanes import LaneSpec
 from schedproj.core.records import LaneState, Outcome
+from schedproj.core.schedules import calendar_due_at, calendar_ratio
 
 #: A lane that never falls due by time alone (backlog-driven without backlog, paused).
 NEVER = math.inf
@@ -74,6 +75,34 @@ def retry_at(spec: LaneSpec, state: LaneState, now: float) -> float:
     return at if at <= closes and now <= closes else NEVER
 
 
+def calendar_last_run(spec: LaneSpec, state: LaneState, now: float) -> float | None:
+    """A calendar lane's last run as its rules count it: :func:`effective_last_run` (a skewed
+    clock bounded by the nominal period), with a never-run family member's add time as a run
+    then (it waits for its first fire time after it was added)."""
+    if state.run.last_run_at is None:
+        return state.run.since
+    return effective_last_run(state, spec.cadence_s, now)
+
+
+def calendar_due_at_for(spec: LaneSpec, state: LaneState, now: float) -> float:
+    """When a calendar lane falls due by its fire times (``schedules.calendar_due_at``)."""
+    assert spec.calendar is not None
+    return calendar_due_at(spec.calendar, calendar_last_run(spec, state, now), now,
+                           spec.catchup_window_s, abs(spec.due_ratio - 1.0))
+
+
+def staleness(spec: LaneSpec, state: LaneState, now: float) -> float:
+    """The lane's staleness ratio at ``now``: ``(now - last_run_at) / cadence_s`` for a
+    cadence lane (``views.staleness_ratio``), measured on its own period for a calendar lane
+    (``schedules.calendar_ratio``). A cadence lane that never ran is maximally stale."""
+    if spec.calendar is not None:
+        return calendar_ratio(spec.calendar, calendar_last_run(spec, state, now), now)
+    last = effective_last_run(state, spec.cadence_s, now, spec.due_ratio)
+    if last is None:
+        return math.inf
+    return max(0.0, now - last) / spec.cadence_s
+
+
 def due_at(spec: LaneSpec, state: LaneState, now: float, backlog: int | None = None) -> float:
     """The due-time rule: when the lane falls due, as ``views.view_lane`` judges "due".
 
@@ -99,9 +128,12 @@ def due_at(spec: LaneSpec, state: LaneState, now: float, backlog: int | None = N
         return min(run.last_run_at, now)
     elif spec.backlog_driven:
         return retry
+    if spec.calendar is not None:
+        return min(retry, calendar_due_at_for(spec, state, now))
     last = effective_last_run(state, spec.cadence_s, now, spec.due_ratio)
     assert last is not None
     return min(retry, last + spec.cadence_s * spec.due_ratio)
 
 
-__all__ = ["NEVER", "due_at", "effective_last_run", "retry_at"]
+__all__ = ["NEVER", "calendar_due_at_for", "calendar_last_run", "due_at", "effective_last_run",
+           "retry_at", "staleness"]

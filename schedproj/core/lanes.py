@@ -19,6 +19,7 @@ from typing import Any
 
 from schedproj.core import defaults
 from schedproj.core.errors import LaneDeclarationError
+from schedproj.core.schedules import FireTimes
 
 
 class LaneKind(StrEnum):
@@ -120,12 +121,27 @@ class Lane:
     """The lane options a Celery task carries. Validated by :meth:`check` with the lane's name.
 
     ``cadence_s`` is how often the lane should run; its staleness ratio is
-    ``(now - last_run_at) / cadence_s``. A ``backlog_driven`` lane is due only while it has
-    backlog (reported by its last run or by ``due_check``) but is ranked with its cadence.
+    ``(now - last_run_at) / cadence_s``. A calendar lane gives ``schedule=`` instead (a cron
+    expression, a Celery ``crontab``, ``solar`` or other schedule) and runs at its fire times
+    in ``timezone`` (default: the app's); its ratio is measured on its own period
+    (:func:`schedproj.core.schedules.calendar_ratio`). A ``backlog_driven`` lane is due only
+    while it has backlog (reported by its last run or by ``due_check``) but is ranked with its
+    cadence.
     """
 
-    #: How often the lane should run (seconds, > 0; required): the staleness ratio's unit.
+    #: How often the lane should run (seconds, > 0): the staleness ratio's unit. Give this or
+    #: ``schedule``.
     cadence_s: float | None = None
+    #: A calendar instead of a cadence: a cron expression (``"30 2 * * *"``), a Celery
+    #: ``crontab``/``solar``, or any Celery schedule. Fire times follow cron's DST rules.
+    schedule: Any = field(default=None, compare=False)
+    #: The IANA time zone of ``schedule`` (``"Europe/Berlin"``); default: the app's
+    #: ``timezone`` (UTC when it has none and ``enable_utc`` is on).
+    timezone: str | None = None
+    #: A calendar lane's fire time may start at most this long after it (seconds); a later
+    #: start is skipped and counted missed, and the lane waits for its next fire. None:
+    #: missed fire times coalesce into one run.
+    catchup_window_s: float | None = None
     #: ``heavy`` takes the one fleet-wide lease and runs on queue ``heavy``; ``light`` needs no
     #: lease and runs on queue ``light``.
     kind: LaneKind = LaneKind.HEAVY
@@ -175,7 +191,10 @@ class Lane:
 
     def check(self, lane: str) -> None:
         """Reject declarations that cannot be scheduled, naming the lane and the fix."""
-        self._check_cadence(lane)
+        if self.schedule is not None:
+            self._check_calendar(lane)
+        else:
+            self._check_cadence(lane)
         self._check_options(lane)
         for gate in self.gates:
             self._check_gate(lane, gate)
@@ -196,6 +215,33 @@ class Lane:
             raise LaneDeclarationError(
                 lane, f"cadence_s must be a positive finite number, got {cadence!r}",
                 "pass cadence_s=<seconds> greater than 0",
+            )
+
+    def _check_calendar(self, lane: str) -> None:
+        if self.cadence_s is not None:
+            raise LaneDeclarationError(
+                lane, "both cadence_s and schedule are given",
+                "give one: cadence_s=<seconds> for a cadence, or schedule=crontab(...) for a "
+                "calendar",
+            )
+        if self.backlog_driven:
+            raise LaneDeclarationError(
+                lane, "a backlog-driven lane has a calendar schedule",
+                "a backlog-driven lane runs when it has backlog: give it cadence_s=<seconds> "
+                "(its ranking unit), or drop backlog_driven",
+            )
+        window: Any = self.catchup_window_s
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int | float)
+                                   or not math.isfinite(window) or window < 0):
+            raise LaneDeclarationError(
+                lane, f"catchup_window_s must be a number of seconds >= 0, got {window!r}",
+                "pass catchup_window_s=<seconds>, e.g. 300, or leave it out to coalesce "
+                "missed fire times into one run",
+            )
+        if self.timezone is not None and not isinstance(self.timezone, str):
+            raise LaneDeclarationError(
+                lane, f"timezone must be an IANA zone name, got {self.timezone!r}",
+                "pass timezone='Europe/Berlin' (or leave it out for the app's time zone)",
             )
 
     def _check_retry(self, lane: str) -> None:
@@ -219,6 +265,12 @@ class Lane:
                     f"pass {flag}=True or leave it out",
                 )
         self._check_retry(lane)
+        if self.schedule is None and (self.timezone is not None
+                                      or self.catchup_window_s is not None):
+            raise LaneDeclarationError(
+                lane, "timezone or catchup_window_s is given without a schedule",
+                "they apply to calendar lanes: add schedule=crontab(...) or drop them",
+            )
         if self.priority0 and self.kind is LaneKind.LIGHT:
             raise LaneDeclarationError(
                 lane, "priority0 is set on a light lane",
@@ -271,6 +323,11 @@ class LaneSpec:
     #: Due once the staleness ratio reaches this (1.0; a family member's jitter moves it
     #: within ``1 ± jitter``, so members' due times spread while they rank by true staleness).
     due_ratio: float = 1.0
+    #: A calendar lane's fire times (None: a cadence lane). ``cadence_s`` then holds the
+    #: schedule's nominal period (:func:`schedproj.core.schedules.nominal_period`).
+    calendar: FireTimes | None = None
+    #: A calendar lane's catch-up window (seconds; None: missed fire times coalesce).
+    catchup_window_s: float | None = None
 
     @property
     def heavy(self) -> bool:

@@ -10,9 +10,11 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from schedproj.core import codec, defaults
+from schedproj.core.calendar import CalendarError
 from schedproj.core.errors import LaneDeclarationError, SchedprojError, StateError
 from schedproj.core.families import LaneFamily, check_key, member_spec, split_member
 from schedproj.core.lanes import DeploymentClass, Gate, Lane, LaneKind, LaneSpec, queue_for
+from schedproj.core.schedules import Converter, FireTimes, fire_times, from_text, nominal_period
 
 
 @dataclass(frozen=True)
@@ -88,13 +90,16 @@ def lane_tasks(tasks: Mapping[str, Any]) -> list[tuple[str, Any, Lane]]:
 
 
 def build_lane_set(tasks: Mapping[str, Any], routed_queue: Any = None,
-                   cadence_scale: float = 1.0) -> LaneSet:
+                   cadence_scale: float = 1.0, timezone: str = "UTC",
+                   converter: Converter = fire_times) -> LaneSet:
     """Validate every lane and the relations between them.
 
     ``routed_queue(task_name) -> str | None`` tells which queue the app's routing would send a
     task to, so a heavy lane routed elsewhere is caught at start. ``cadence_scale`` multiplies
     every duration a lane declares (cadence, retry delays, gate bounds): demos and tests run
-    real lane sets in seconds instead of hours.
+    real lane sets in seconds instead of hours (calendar lanes keep their wall-clock fire
+    times). A calendar lane's schedule is read in its own ``timezone`` or else in
+    ``timezone`` (the app's) by ``converter`` (the edge's adapts every Celery schedule).
     """
     specs: list[LaneSpec] = []
     families: dict[str, LaneSpec] = {}
@@ -112,7 +117,8 @@ def build_lane_set(tasks: Mapping[str, Any], routed_queue: Any = None,
         owners[name] = task_name
         _check_queue(name, task_name, lane, task, routed_queue)
         options[name] = lane
-        spec = _spec(name, task_name, lane, cadence_scale)
+        spec = _spec(name, task_name, lane, cadence_scale, _calendar(name, lane, timezone,
+                                                                     converter))
         if isinstance(lane, LaneFamily):
             families[name] = replace(spec, family=name)
         else:
@@ -133,11 +139,26 @@ def _scaled(value: float | None, scale: float) -> float | None:
     return None if value is None else float(value) * scale
 
 
-def _spec(name: str, task_name: str, lane: Lane, scale: float) -> LaneSpec:
+def _calendar(name: str, lane: Lane, timezone: str,
+              converter: Converter) -> FireTimes | None:
+    if lane.schedule is None:
+        return None
+    try:
+        return converter(lane.schedule, lane.timezone or timezone)
+    except CalendarError as exc:
+        raise LaneDeclarationError(name, exc.problem, exc.fix) from None
+
+
+def _spec(name: str, task_name: str, lane: Lane, scale: float,
+          calendar: FireTimes | None = None) -> LaneSpec:
     gates = tuple(replace(g, max_defer_s=_scaled(g.max_defer_s, scale)) for g in lane.gates)
+    cadence = (nominal_period(calendar) if calendar is not None
+               else float(lane.cadence_s or 0) * scale)
     return LaneSpec(
         name=name, task_name=task_name, kind=lane.kind,
-        cadence_s=float(lane.cadence_s or 0) * scale,
+        cadence_s=cadence, calendar=calendar,
+        catchup_window_s=(None if lane.catchup_window_s is None
+                          else float(lane.catchup_window_s)),
         priority0=lane.priority0, deployment=lane.deployment, gates=gates,
         order=defaults.DEFAULT_LANE_ORDER if lane.order is None else lane.order,
         backlog_driven=lane.backlog_driven,
@@ -223,11 +244,23 @@ def registry_json(lanes: LaneSet, settings: Any) -> str:
         "profile": settings.profile.value,
         "hold_cap_s": settings.hold_cap_s,
         "starvation_threshold_s": settings.starvation_threshold_s,
-        "lanes": [{**asdict(s), "gates": [asdict(g) for g in s.gates]} for s in lanes.specs],
-        "families": [{**asdict(s), "gates": [asdict(g) for g in s.gates],
+        "lanes": [_registry_lane(s) for s in lanes.specs],
+        "families": [{**_registry_lane(s),
                       "jitter": getattr(lanes.options[s.name], "jitter", 0.0)}
                      for s in getattr(lanes, "families", {}).values()],
     }, REGISTRY_VERSION)
+
+
+def _registry_lane(spec: LaneSpec) -> dict[str, Any]:
+    # The calendar as its text (read back by schedules.from_text); left out for a cadence
+    # lane, so tools of the earlier release read the registry as before.
+    data = {**asdict(replace(spec, calendar=None)), "gates": [asdict(g) for g in spec.gates]}
+    del data["calendar"]
+    if spec.calendar is not None:
+        data["calendar"] = spec.calendar.text
+    elif data["catchup_window_s"] is None:
+        del data["catchup_window_s"]
+    return data
 
 
 def specs_from_registry(raw: str, key: str) -> tuple[tuple[LaneSpec, ...], dict[str, Any]]:
@@ -237,7 +270,9 @@ def specs_from_registry(raw: str, key: str) -> tuple[tuple[LaneSpec, ...], dict[
         specs = tuple(
             LaneSpec(**{**lane, "kind": LaneKind(lane["kind"]),
                         "deployment": DeploymentClass(lane["deployment"]),
-                        "gates": tuple(Gate(**g) for g in lane["gates"])})
+                        "gates": tuple(Gate(**g) for g in lane["gates"]),
+                        "calendar": (None if lane.get("calendar") is None
+                                     else from_text(lane["calendar"]))})
             for lane in data["lanes"])
     except StateError:
         raise

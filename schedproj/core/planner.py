@@ -12,10 +12,12 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 
 from schedproj.core.deferrals import Deferral, continue_streak, same_wait
+from schedproj.core.due import calendar_last_run
 from schedproj.core.lanes import DeferralReason, LaneSpec, Profile
 from schedproj.core.picker import Policy
 from schedproj.core.pipeline import Decision, decide, seconds_until_next_due
 from schedproj.core.records import LaneState, LeaseView, SchedRecord
+from schedproj.core.schedules import missed_fires
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,9 @@ class Plan:
     new_deferrals: tuple[Deferral, ...]
     #: Seconds until some idle lane falls due by time alone (None: none will).
     next_due_in_s: float | None
+    #: Calendar lanes' fire times that passed their catch-up window unrun, newly counted
+    #: (logged, counted and reported once each; recorded in ``changes``).
+    misses: tuple[Missed, ...] = ()
 
     @property
     def heavy(self) -> Send | None:
@@ -76,7 +81,9 @@ class Plan:
         one-winner-per-poll variant): the lanes left out keep their state and stay due."""
         sends = {lane: send for lane, send in self.sends.items() if lane in lanes}
         changes, news = sched_changes(self.decision, self.states, sends, self.now)
-        return replace(self, sends=sends, changes=changes, new_deferrals=tuple(news))
+        misses = record_misses(self.decision, self.states, changes, self.now)
+        return replace(self, sends=sends, changes=changes, new_deferrals=tuple(news),
+                       misses=misses)
 
     def sleep_s(self, max_interval_s: float) -> float:
         """How long beat may wait before the next tick: until the next lane falls due by time,
@@ -107,9 +114,49 @@ def plan_tick(
     deadline = now + start_deadline_s
     sends = {lane: Send(lane, task_id(lane), deadline) for lane in decision.dispatched}
     changes, news = sched_changes(decision, tick.states, sends, now)
+    misses = record_misses(decision, tick.states, changes, now)
     return Plan(decision=decision, now=now, states=tick.states, sends=sends, changes=changes,
                 new_deferrals=tuple(news),
-                next_due_in_s=seconds_until_next_due(decision.views, tick.states, now))
+                next_due_in_s=seconds_until_next_due(decision.views, tick.states, now),
+                misses=misses)
+
+
+@dataclass(frozen=True)
+class Missed:
+    """Fire times of a calendar lane skipped because they passed its catch-up window."""
+
+    lane: str
+    #: The latest fire time skipped (epoch seconds).
+    through: float
+    #: How many fire times were skipped (at most ``schedules.MISSED_COUNT_CAP`` at once).
+    count: int
+    #: The lane's catch-up window (seconds).
+    window_s: float
+
+
+def record_misses(decision: Decision, states: Mapping[str, LaneState],
+                  changes: dict[str, SchedRecord], now: float) -> tuple[Missed, ...]:
+    """Count the fire times of the calendar lanes this tick viewed that passed their catch-up
+    window with no run (``schedules.missed_fires``) and record them in ``changes`` (the
+    lane's sched record: ``missed_through`` so each is counted once, ``missed`` the total).
+    A lane dispatched now is dispatched for a fire time within its window."""
+    misses = []
+    empty = LaneState()
+    for lane, view in decision.views.items():
+        spec = view.spec
+        if spec.calendar is None or spec.catchup_window_s is None:
+            continue
+        state = states.get(lane, empty)
+        found = missed_fires(spec.calendar, calendar_last_run(spec, state, now),
+                             state.sched.missed_through, now, spec.catchup_window_s,
+                             abs(spec.due_ratio - 1.0))
+        if found is None:
+            continue
+        through, count = found
+        old = changes.get(lane, state.sched)
+        changes[lane] = replace(old, missed_through=through, missed=(old.missed or 0) + count)
+        misses.append(Missed(lane, through, count, spec.catchup_window_s))
+    return tuple(misses)
 
 
 def quarantine(decision: Decision, states: Mapping[str, LaneState], now: float) -> Decision:
@@ -165,4 +212,5 @@ def sched_changes(
     return changes, news
 
 
-__all__ = ["Plan", "Send", "TickInput", "plan_tick", "quarantine", "sched_changes"]
+__all__ = ["Missed", "Plan", "Send", "TickInput", "plan_tick", "quarantine", "record_misses",
+           "sched_changes"]

@@ -105,10 +105,16 @@ def measure(decision: Decision, states: Mapping[str, LaneState], lease: LeaseVie
     best = pick(waiting)
     if best is None:
         return None
+    state = states.get(best.name, empty)
+    if best.spec.calendar is not None:
+        # A calendar lane's ratio is measured on its period around now; while it waits it
+        # grows by about one per nominal period, so it is published as the last run that
+        # gives today's ratio on that period (workers extrapolate as for a cadence lane).
+        last: float | None = now - best.ratio * best.spec.cadence_s
+    else:
+        last = effective_last_run(state, best.spec.cadence_s, now, best.spec.due_ratio)
     return Pressure(lane=best.name, cadence_s=best.spec.cadence_s,
-                    last_run_at=effective_last_run(states.get(best.name, empty),
-                                                   best.spec.cadence_s, now,
-                                                   best.spec.due_ratio),
+                    last_run_at=last,
                     priority0=best.spec.priority0, fence=lease.fence, at=now)
 
 

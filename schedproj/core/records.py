@@ -71,6 +71,10 @@ class SchedRecord:
     dispatches: int = 0
     deferral: Deferral | None = None
     paused: bool = False
+    #: A calendar lane's latest fire time skipped for its catch-up window (each counted once).
+    missed_through: float | None = None
+    #: How many fire times of a calendar lane were skipped for its catch-up window, in all.
+    missed: int | None = None
 
 
 @dataclass(frozen=True)
@@ -108,7 +112,7 @@ R = TypeVar("R", RunRecord, SchedRecord, LeaseView)
 #: Fields added after the format was first released, left out while unset: a record that does
 #: not use them reads the same to a beat or worker of the earlier release (a rolling deploy, a
 #: rollback), which refuses fields it does not know.
-_OMITTED_WHEN_NONE = ("since",)
+_OMITTED_WHEN_NONE = ("since", "missed_through", "missed")
 
 
 def encode(record: RunRecord | SchedRecord | LeaseView) -> str:

@@ -6,7 +6,7 @@ import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from schedproj.core.due import effective_last_run, retry_at
+from schedproj.core.due import calendar_due_at_for, effective_last_run, retry_at, staleness
 from schedproj.core.lanes import LaneSpec
 from schedproj.core.records import LaneState, LeaseView
 
@@ -79,8 +79,7 @@ def view_lane(
     grace_s: float = 0.0,
 ) -> LaneView:
     """Compute the view of one lane. ``probed_backlog`` comes from the lane's due-check hook."""
-    ratio = staleness_ratio(effective_last_run(state, spec.cadence_s, now, spec.due_ratio),
-                            spec.cadence_s, now)
+    ratio = staleness(spec, state, now)
     backlog = probed_backlog if probed_backlog is not None else state.run.backlog
     never_run = state.run.last_run_at is None
     if forced or retry_due(spec, state, now):
@@ -88,6 +87,8 @@ def view_lane(
     elif spec.backlog_driven:
         # Ranked with its cadence, but due only while behind (a first run measures it).
         due = backlog > 0 or (never_run and probed_backlog is None)
+    elif spec.calendar is not None:
+        due = backlog > 0 or calendar_due_at_for(spec, state, now) <= now
     else:
         due = ratio >= spec.due_ratio or backlog > 0
     if spec.heavy:
