@@ -24,6 +24,7 @@ from schedproj.core import defaults
 from schedproj.core.errors import ConfigurationError, LaneDeclarationError, SchedprojError
 from schedproj.core.lanes import LaneKind, queue_for
 from schedproj.core.laneset import LaneSet, build_lane_set, lane_tasks
+from schedproj.on_celery.calendars import app_timezone, celery_fire_times
 from schedproj.settings import Settings, consumer_timeout_problem, explain
 from schedproj.store.connection import connect, describe_failure, mask
 from schedproj.telemetry.sentry import init_sentry
@@ -245,7 +246,8 @@ def lane_set_for(app: Celery) -> LaneSet:
         name = getattr(queue, "name", queue)
         return None if name is None else str(name)
 
-    lanes = build_lane_set(tasks, routed, settings.cadence_scale)
+    lanes = build_lane_set(tasks, routed, settings.cadence_scale,
+                           timezone=app_timezone(app.conf), converter=celery_fire_times)
     for task_name, task, lane in lane_tasks(tasks):
         check_lane_protocol(lane.name or task_name, task_name, task)
         check_lane_options(lane.name or task_name, task)

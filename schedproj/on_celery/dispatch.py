@@ -9,6 +9,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 import redis
@@ -21,7 +22,7 @@ from schedproj.core.families import split_member
 from schedproj.core.lanes import queue_for
 from schedproj.core.picker import Policy
 from schedproj.core.pipeline import Decision
-from schedproj.core.planner import Plan, Send
+from schedproj.core.planner import Missed, Plan, Send
 from schedproj.core.pressure import Pressure, changed, measure, outranks
 from schedproj.core.pressure import encode as encode_pressure
 from schedproj.core.records import LaneState
@@ -72,10 +73,13 @@ class Dispatcher:
         looks = self._record(plan, snap, grant_kwargs)
         self.before_send(plan)
         _log_deferrals(plan.new_deferrals, plan.decision)
+        _log_misses(plan.misses)
+        counts = Counter(counter_field(CounterKind.DEFERRALS, d.reason.value)
+                         for d in plan.new_deferrals)
+        for miss in plan.misses:
+            counts[counter_field(CounterKind.MISSED, miss.lane)] += miss.count
         try:
-            self.rt.store.count_many(Counter(counter_field(CounterKind.DEFERRALS,
-                                                           d.reason.value)
-                                             for d in plan.new_deferrals))
+            self.rt.store.count_many(counts)
         except redis.ResponseError as exc:  # counters of the wrong type: dispatch goes on
             self._say_refused("deferral counters", exc, "the deferral counters are not "
                               f"kept; delete {self.rt.keys.counters} (`redis-cli DEL` it)")
@@ -207,6 +211,14 @@ class Dispatcher:
             self.rt.lease.release(grant["token"])
         self.rt.store.clear_inflight(self.token, lane)
         return False
+
+
+def _log_misses(misses: tuple[Missed, ...]) -> None:
+    for m in misses:
+        logger.warning(
+            "lane %s missed %d fire time(s) through %s: not started within its catch-up window "
+            "(%ss); it waits for its next fire time", m.lane, m.count,
+            datetime.fromtimestamp(m.through, UTC).isoformat(timespec="seconds"), m.window_s)
 
 
 def _log_deferrals(news: tuple[Deferral, ...], decision: Decision) -> None:

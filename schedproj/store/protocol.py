@@ -224,6 +224,8 @@ class CounterKind(StrEnum):
     LOST = "lost"
     #: Derived keys (due index, changed set) beat found broken and rebuilt, by key.
     HEALS = "derived_heals"
+    #: Calendar lanes' fire times skipped for their catch-up window, by lane.
+    MISSED = "missed"
 
 
 #: The unlabelled counter of heavy lease grants (bumped by ``lease_acquire.lua``).

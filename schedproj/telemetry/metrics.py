@@ -89,6 +89,8 @@ CATALOG: tuple[MetricDoc, ...] = (
     _counter("schedproj_derived_state_heals", "Derived keys (due index, changed set) found "
              "missing, emptied, of the wrong type or restored from an older copy, and rebuilt "
              "by beat.", "key"),
+    _counter("schedproj_missed_runs", "Fire times of a calendar lane skipped because they "
+             "passed its catch-up window with no run (catchup_window_s).", "lane"),
     _counter(f"schedproj_{LEASE_ACQUISITIONS}", "Heavy lease grants (the fencing counter)."),
     _gauge("schedproj_pressure_ratio", "Staleness ratio now of the waiting heavy lane that "
            "presses on the lease (+Inf: never ran; 0 with lane=\"\": none).", "lane"),
@@ -123,6 +125,7 @@ COUNTERS = {
     CounterKind.ERRORS: "schedproj_scheduling_errors",
     CounterKind.LOST: "schedproj_lost_runs",
     CounterKind.HEALS: "schedproj_derived_state_heals",
+    CounterKind.MISSED: "schedproj_missed_runs",
 }
 
 
