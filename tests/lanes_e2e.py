@@ -15,6 +15,7 @@ import redis
 from celery import shared_task
 
 from schedproj import Lane, LaneKind, LaneTask
+from schedproj.store.connection import connect
 
 SCENARIO = os.environ.get("E2E_SCENARIO", "fairness")
 PREFIX = os.environ.get("SCHEDPROJ_KEY_PREFIX", "schedproj")
@@ -24,7 +25,8 @@ _client: redis.Redis | None = None
 def client() -> redis.Redis:
     global _client
     if _client is None:
-        _client = redis.Redis.from_url(os.environ["SCHEDPROJ_REDIS_URL"], decode_responses=True)
+        # schedproj's own client: the state Redis may be a Sentinel or a Redis Cluster URL.
+        _client = connect(os.environ["SCHEDPROJ_REDIS_URL"])
     return _client
 
 
@@ -102,6 +104,30 @@ elif SCENARIO == "slow":
                  lane=Lane(cadence_s=1, kind=LaneKind.LIGHT, order=30))
     def pulse_lane(self: LaneTask) -> None:
         sleeper(self, "e2e.pulse", 0.01)
+
+elif SCENARIO == "calendar":
+    # Calendar lanes on every minute in a zone that is not the host's (St John's is UTC-3:30
+    # or -2:30: its minutes are UTC's, its hours are not), beside a cadence lane.
+    from celery.schedules import crontab
+
+    _WINDOW = os.environ.get("E2E_CATCHUP_WINDOW_S")
+    _CALENDAR = {"schedule": crontab(minute="*"), "timezone": "America/St_Johns",
+                 "catchup_window_s": float(_WINDOW) if _WINDOW else None}
+
+    @shared_task(base=LaneTask, bind=True, name="e2e.minutely-heavy",
+                 lane=Lane(kind=LaneKind.HEAVY, order=10, **_CALENDAR))
+    def minutely_heavy(self: LaneTask) -> None:
+        sleeper(self, "e2e.minutely-heavy", 0.2)
+
+    @shared_task(base=LaneTask, bind=True, name="e2e.minutely-light",
+                 lane=Lane(kind=LaneKind.LIGHT, order=20, **_CALENDAR))
+    def minutely_light(self: LaneTask) -> None:
+        sleeper(self, "e2e.minutely-light", 0.01)
+
+    @shared_task(base=LaneTask, bind=True, name="e2e.every-2s",
+                 lane=Lane(cadence_s=2, kind=LaneKind.LIGHT, order=30))
+    def every_2s(self: LaneTask) -> None:
+        sleeper(self, "e2e.every-2s", 0.01)
 
 elif SCENARIO == "restart":
     # Slow cadences: after one run each, nothing is due again for a long while.

@@ -130,6 +130,29 @@ class OpaqueFireTimes:
         return hash(self.text)
 
 
+class ShiftedFireTimes:
+    """Fire times on a clock whose zero is the epoch instant ``origin`` (the simulator's
+    virtual time: a trace's ``start``), so the due code runs unchanged in seconds after it."""
+
+    __slots__ = ("inner", "origin", "text")
+
+    def __init__(self, inner: FireTimes, origin: float) -> None:
+        self.inner, self.origin, self.text = inner, float(origin), inner.text
+
+    def next_fire(self, after: float) -> float:
+        return self.inner.next_fire(after + self.origin) - self.origin
+
+    def previous_fire(self, at: float) -> float:
+        return self.inner.previous_fire(at + self.origin) - self.origin
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, ShiftedFireTimes) and other.inner == self.inner
+                and other.origin == self.origin)
+
+    def __hash__(self) -> int:
+        return hash((self.inner, self.origin))
+
+
 def from_text(text: str) -> FireTimes:
     """The schedule :attr:`FireTimes.text` describes (what the lane registry stores)."""
     words = text.split()
@@ -165,6 +188,8 @@ def nominal_period(times: FireTimes) -> float:
     """A calendar lane's usual period: the shortest interval between its first fire times after
     a fixed instant. Stands in for ``cadence_s`` where a rule needs one figure (the clock-skew
     bound, lost-run grace, pressure, displays); ranking and due-ness use the period around now."""
+    while isinstance(times, ShiftedFireTimes):   # the schedule's own period, not the clock's
+        times = times.inner
     fire = times.next_fire(_NOMINAL_FROM)
     shortest = math.inf
     for _ in range(_NOMINAL_FIRES):
@@ -273,5 +298,5 @@ def _delayed(times: FireTimes, fire: float, fraction: float) -> float:
 Converter = Callable[[Any, str], FireTimes]
 
 __all__ = ["MISSED_COUNT_CAP", "Converter", "CronFireTimes", "FireTimes", "OneOffFireTimes",
-           "OpaqueFireTimes", "calendar_due_at", "calendar_ratio", "fire_times", "first_missed",
-           "from_text", "missed_fires", "nominal_period"]
+           "OpaqueFireTimes", "ShiftedFireTimes", "calendar_due_at", "calendar_ratio",
+           "fire_times", "first_missed", "from_text", "missed_fires", "nominal_period"]

@@ -10,6 +10,7 @@ import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, TypeVar
@@ -34,17 +35,22 @@ from schedproj.core.lanes import (
     LaneSpec,
     Profile,
 )
+from schedproj.core.schedules import FireTimes, ShiftedFireTimes, fire_times
 from schedproj.sim.model import BEAT_PRESSURE, Arrival, Blocked, LaneModel, Scenario, SimError
 
 #: Format version this reader understands (the ``version`` field; optional, default 1).
 TRACE_VERSION = 1
 
 TOP_FIELDS = {"version", "name", "description", "tick_s", "hold_cap_s", "horizon_s", "profile",
-              "wake_on_release", "lanes", "arrivals", "pressure"}
+              "wake_on_release", "lanes", "arrivals", "pressure", "start"}
 LANE_FIELDS = {"name", "kind", "cadence_s", "run_s", "item_s", "batch", "backlog",
                "blocked_backlog", "skip_s", "feeds", "priority0", "order", "backlog_driven",
                "deployment", "gates", "retry_after_failure_s", "retry_window_s",
-               "last_run_ago_s", "jitter", "fail_prob", "family"}
+               "last_run_ago_s", "jitter", "fail_prob", "family", "cron", "timezone",
+               "catchup_window_s"}
+#: The instant a trace's virtual time zero stands for when it names none (``start``); calendar
+#: lanes fire at their wall-clock times counted from it. A Monday, 00:00 UTC.
+DEFAULT_START = "2027-01-04T00:00:00Z"
 #: A lane with ``family`` is a lane family: one entry, many members (``members``: a count or
 #: a list of keys), due at a ratio jittered per key (``jitter``), last runs spread evenly
 #: over one cadence by key (``stagger``) or all ``last_run_ago_s`` ago.
@@ -188,7 +194,8 @@ def parse_trace(text: str, source: str = "<trace>") -> Scenario:
                          "give each lane a unique name")
         where_of[model.name] = f"{where} ({model.name})"
         parsed.append((model, lane))
-    lanes = _check_declarations(r, parsed, where_of)
+    start = _start(r, top)
+    lanes = _check_declarations(r, parsed, where_of, start)
     arrivals = tuple(_arrival(r, raw, f"arrivals[{i}]")
                      for i, raw in enumerate(r.array(top.get("arrivals", []), "arrivals")))
     try:
@@ -205,7 +212,7 @@ def parse_trace(text: str, source: str = "<trace>") -> Scenario:
                              [p.value for p in Profile], Profile.LOCAL.value),
             wake_on_release=r.boolean(top, "wake_on_release", "(top level)", True),
             pressure=_pressure(r, top),
-            params={"source": source},
+            params={"source": source, "start": start},
         )
     except TraceError:
         raise
@@ -217,8 +224,19 @@ def _lane(r: _Reader, raw: Any, where: str) -> tuple[LaneModel, Lane]:
     hint = raw.get("name") if isinstance(raw, dict) else None
     if isinstance(hint, str) and hint:
         where = f"{where} ({hint})"
-    d = r.obj(raw, where, LANE_FIELDS, ("name", "kind", "cadence_s", "run_s"))
+    d = r.obj(raw, where, LANE_FIELDS, ("name", "kind", "run_s"))
     name = r.string(d, "name", where)
+    if ("cron" in d) == ("cadence_s" in d):
+        raise r.fail(where, "needs exactly one of cadence_s and cron",
+                     "give \"cadence_s\": <seconds> or \"cron\": \"30 2 * * *\"")
+    calendar: dict[str, Any] = {}
+    if "cron" in d:
+        calendar = {"schedule": r.string(d, "cron", where),
+                    "timezone": d.get("timezone") and r.string(d, "timezone", where),
+                    "catchup_window_s": r.optional_number(d, "catchup_window_s", where)}
+    elif "timezone" in d or "catchup_window_s" in d:
+        raise r.fail(where, "timezone and catchup_window_s apply to calendar lanes only",
+                     "add \"cron\": \"...\" instead of cadence_s, or drop them")
     kind = r.choice(d, "kind", where, LaneKind, [k.value for k in LaneKind])
     gates = tuple(_gate(r, g, f"{where}.gates[{j}]")
                   for j, g in enumerate(r.array(d.get("gates", []), f"{where}.gates")))
@@ -242,8 +260,8 @@ def _lane(r: _Reader, raw: Any, where: str) -> tuple[LaneModel, Lane]:
     extra: dict[str, Any] = ({"jitter": family.jitter, "members": _FamilyMembers(family)}
                              if family is not None else {})
     lane = lane_type(
-        **extra, name=name, kind=kind,
-        cadence_s=r.number(d, "cadence_s", where, positive=True),
+        **extra, **calendar, name=name, kind=kind,
+        cadence_s=None if calendar else r.number(d, "cadence_s", where, positive=True),
         priority0=r.boolean(d, "priority0", where, False),
         deployment=r.choice(d, "deployment", where, DeploymentClass,
                             [c.value for c in DeploymentClass], DeploymentClass.SHARED.value),
@@ -357,16 +375,35 @@ def _arrival(r: _Reader, raw: Any, where: str) -> Arrival:
                    items=r.integer(a, "items", where, 0))
 
 
+def _start(r: _Reader, top: Mapping[str, Any]) -> float:
+    """The ``start`` instant (ISO 8601 with a zone, e.g. ``2027-03-27T00:00:00Z``) in epoch
+    seconds: what virtual time zero stands for."""
+    text = top.get("start", DEFAULT_START)
+    try:
+        when = datetime.fromisoformat(text) if isinstance(text, str) else None
+    except ValueError:
+        when = None
+    if when is None or when.tzinfo is None:
+        raise r.fail("start", f"must be an instant with its zone, got {text!r}",
+                     "write e.g. \"start\": \"2027-03-27T00:00:00Z\"")
+    return when.timestamp()
+
+
 def _check_declarations(r: _Reader, parsed: list[tuple[LaneModel, Lane]],
-                        where_of: Mapping[str, str]) -> list[LaneModel]:
+                        where_of: Mapping[str, str], start: float = 0.0) -> list[LaneModel]:
     """Validate the declarations with the project's own registry code (cadence, gates naming
     unknown lanes or forming a cycle, priority-0 on a light lane, retry settings) and put the
-    specs it builds into the models."""
+    specs it builds into the models. Calendar lanes' fire times are counted in seconds after
+    ``start`` (virtual time zero) and computed by the same code as beat's."""
     from schedproj.core.laneset import build_lane_set
 
     tasks = {f"trace.{model.name}": SimpleNamespace(lane=lane) for model, lane in parsed}
+
+    def in_virtual_time(schedule: Any, zone: str) -> FireTimes:
+        return ShiftedFireTimes(fire_times(schedule, zone), start)
+
     try:
-        lane_set = build_lane_set(tasks)
+        lane_set = build_lane_set(tasks, converter=in_virtual_time)
     except LaneDeclarationError as exc:
         raise r.fail(where_of.get(exc.lane, f"lane {exc.lane!r}"), exc.problem,
                      exc.fix) from None
@@ -378,6 +415,15 @@ def _check_declarations(r: _Reader, parsed: list[tuple[LaneModel, Lane]],
         else:
             out.append(replace(model, spec=specs[model.name]))
     return out
+
+
+def _calendar_fields(spec: LaneSpec) -> dict[str, Any]:
+    assert spec.calendar is not None
+    words = spec.calendar.text.split()   # crontab <five fields> <zone>
+    fields: dict[str, Any] = {"cron": " ".join(words[1:6]), "timezone": words[6]}
+    if spec.catchup_window_s is not None:
+        fields["catchup_window_s"] = spec.catchup_window_s
+    return fields
 
 
 def scenario_to_trace(s: Scenario) -> dict[str, Any]:
@@ -397,6 +443,9 @@ def scenario_to_trace(s: Scenario) -> dict[str, Any]:
             "name": spec.name, "kind": spec.kind.value, "cadence_s": spec.cadence_s,
             "run_s": m.run_s, "order": spec.order,
         }
+        if spec.calendar is not None:
+            del lane["cadence_s"]
+            lane.update(_calendar_fields(spec))
         optional: dict[str, Any] = {
             "item_s": m.item_s or None, "batch": m.batch if m.batch != 50 else None,
             "backlog": m.backlog or None, "skip_s": m.skip_s or None,
@@ -435,6 +484,8 @@ def scenario_to_trace(s: Scenario) -> dict[str, Any]:
     # Written even when off (null): an absent rule reads back as beat's default.
     out["pressure"] = None if s.pressure is None else {"target_ratio": s.pressure.target_ratio,
                                                        "min_hold_s": s.pressure.min_hold_s}
+    if "start" in s.params:
+        out["start"] = datetime.fromtimestamp(float(s.params["start"]), UTC).isoformat()
     if s.arrivals:
         out["arrivals"] = [{"at_s": a.at_s, "lane": a.lane, "items": a.items}
                            for a in s.arrivals]
