@@ -7,10 +7,12 @@ starts and when it ends. Pure.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from schedproj.core.lanes import fixed_unit
 from schedproj.core.records import Outcome, RunRecord
+from schedproj.core.schedules import FireTimes
 
 
 def started(before: RunRecord, *, task_id: str, now: float, running_until: float,
@@ -65,7 +67,8 @@ ESTIMATED_AFTER_LOSS = "estimated: Redis lost this lane's state"
 
 
 def rebuilt(remembered: RunRecord | None, *, lane: str, cadence_s: float,
-            lost_at: float, due_ratio: float = 1.0) -> RunRecord:
+            lost_at: float, due_ratio: float = 1.0,
+            calendar: FireTimes | None = None) -> RunRecord:
     """The run record to put back for a lane whose record Redis lost at ``lost_at``.
 
     What the active beat remembered of it (a due lane) is put back as it was, running mark
@@ -74,9 +77,17 @@ def rebuilt(remembered: RunRecord | None, *, lane: str, cadence_s: float,
     * due_ratio``) before the loss: its last run is estimated at ``lost_at - u * interval``
     for the lane's fixed ``u`` in [0, 1). So it falls due within one interval of the loss
     (lanes spread over it, not all at once) and runs early by less than one interval (it may
-    have run just before the loss), never by more."""
+    have run just before the loss), never by more.
+
+    A calendar lane not due when beat last looked had run for its latest fire time: its last
+    run is put back at that fire time, so it runs at its next one — never twice for one fire
+    time (promise 12) — or at once if it never had a fire time."""
     if remembered is not None:
         return remembered
+    if calendar is not None:
+        fire = calendar.previous_fire(lost_at)
+        return RunRecord(last_run_at=fire if math.isfinite(fire) else None,
+                         last_reason=ESTIMATED_AFTER_LOSS)
     return RunRecord(last_run_at=lost_at - fixed_unit(lane) * cadence_s * due_ratio,
                      last_reason=ESTIMATED_AFTER_LOSS)
 

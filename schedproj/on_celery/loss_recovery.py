@@ -98,7 +98,8 @@ class LossRecovery:
             if spec is None or spec.family is not None:
                 continue
             record = lifecycle.rebuilt(remembered.get(lane), lane=lane, cadence_s=spec.cadence_s,
-                                       due_ratio=spec.due_ratio, lost_at=now)
+                                       due_ratio=spec.due_ratio, lost_at=now,
+                                       calendar=spec.calendar)
             if lane not in remembered and record.last_run_at is not None:
                 estimate = min(self.estimated.get(lane, record.last_run_at), record.last_run_at)
                 record = replace(record, last_run_at=estimate)

@@ -352,3 +352,24 @@ def test_the_proof_helpers_agree_with_the_calendar() -> None:
         assert next_fire(expression, zone, start) == Rules(expression).fires(zone, start, end)[0]
         assert previous_fire(expression, zone, end) == Rules(expression).fires(
             zone, start, end)[-1]
+
+
+# -- state loss ----------------------------------------------------------------------------------
+
+def test_after_a_state_loss_a_calendar_lane_not_due_runs_at_its_next_fire_not_again() -> None:
+    """Promise 12 across Redis state loss: a calendar lane beat did not remember as due had
+    run for its latest fire time; put back at that time, it is due at the next one only."""
+    from schedproj.core.lifecycle import ESTIMATED_AFTER_LOSS, rebuilt
+
+    spec = lanes(backup=BACKUP)["backup"]
+    lost_at = FIRE + 3 * 3600                     # three hours after 02:30's run
+    record = rebuilt(None, lane="backup", cadence_s=spec.cadence_s, lost_at=lost_at,
+                     calendar=spec.calendar)
+    assert record.last_run_at == FIRE and record.last_reason == ESTIMATED_AFTER_LOSS
+    state = LaneState(run=record)
+    assert not view_lane(spec, state, None, lost_at + 60).due
+    assert due_at(spec, state, lost_at + 60) == FIRE + DAY
+    # Remembered (due) lanes are put back as they were.
+    kept = RunRecord(last_run_at=FIRE - DAY)
+    assert rebuilt(kept, lane="backup", cadence_s=spec.cadence_s, lost_at=lost_at,
+                   calendar=spec.calendar) is kept
