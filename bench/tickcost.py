@@ -42,10 +42,12 @@ from typing import Any
 import celery.beat
 import redis
 from celery import Celery
+from celery.schedules import crontab
 
 from bench.rtt import RoundTrips
 from bench.stats import summary
 from schedproj import Lane, LaneKind, LaneTask, Settings, configure_app
+from schedproj.core.calendar import next_fire
 from schedproj.core.families import LaneFamily, member_lane, split_member
 from schedproj.core.records import Outcome, RunRecord, SchedRecord, encode
 from schedproj.on_celery.beat import FairScheduler
@@ -162,9 +164,17 @@ def member_key(i: int) -> str:
     return f"m{i:06d}"
 
 
+def far_crontab() -> str:
+    """A daily crontab whose fire time is twelve hours away: nothing falls due in a run."""
+    return f"0 {(datetime.now(UTC).hour + 12) % 24} * * *"
+
+
 def fair_app(url: str, prefix: str, n: int, kind: Callable[[int], LaneKind],
-             declare: str = "family") -> tuple[Celery, list[str]]:
-    """The app and its N lane names (members of the two families, or N tasks)."""
+             declare: str = "family", calendar: str | None = None) -> tuple[Celery, list[str]]:
+    """The app and its N lane names (members of the two families, or N tasks); with
+    ``calendar`` (a cron expression) calendar lanes instead of cadence lanes."""
+    timing: dict[str, Any] = ({"schedule": calendar} if calendar is not None
+                              else {"cadence_s": CADENCE_S})
     # The beat lock outlives the longest tick measured: the first ranking tick at 100,000
     # lanes records 99,999 new deferral streaks and takes longer than the default TTL here.
     settings = Settings.load(broker_url=url, redis_url=url, key_prefix=prefix,
@@ -180,7 +190,7 @@ def fair_app(url: str, prefix: str, n: int, kind: Callable[[int], LaneKind],
                 return None
 
             app.task(shared=False, base=LaneTask, name=lane_name(i),
-                     lane=Lane(cadence_s=CADENCE_S, kind=kind(i)))(body)
+                     lane=Lane(**timing, kind=kind(i)))(body)
         assert len(app.tasks) >= n
         return app, [lane_name(i) for i in range(n)]
     for family, fkind in ((HEAVY_FAMILY, LaneKind.HEAVY), (LIGHT_FAMILY, LaneKind.LIGHT)):
@@ -188,7 +198,7 @@ def fair_app(url: str, prefix: str, n: int, kind: Callable[[int], LaneKind],
             return None
 
         app.task(shared=False, base=LaneTask, name=family,
-                 lane=LaneFamily(cadence_s=CADENCE_S, kind=fkind))(member)
+                 lane=LaneFamily(**timing, kind=fkind))(member)
     assert len(app.tasks) >= 2
     return app, [member_lane(HEAVY_FAMILY if kind(i) is LaneKind.HEAVY else LIGHT_FAMILY,
                              member_key(i)) for i in range(n)]
@@ -212,8 +222,10 @@ def seed(client: redis.Redis, keys: Keys, records: dict[str, str],
     pipe.execute()
 
 
-def fair_idle_state(client: redis.Redis, keys: Keys, names: list[str], now: float) -> None:
-    """Every lane ran just now and its message was the one beat sent: nothing is due."""
+def fair_idle_state(client: redis.Redis, keys: Keys, names: list[str], now: float,
+                    next_look: float | None = None) -> None:
+    """Every lane ran just now and its message was the one beat sent: nothing is due (until
+    ``next_look``, default one cadence on)."""
     mapping: dict[str, str] = {}
     for name in names:
         task_id = str(uuid.uuid4())
@@ -222,7 +234,8 @@ def fair_idle_state(client: redis.Redis, keys: Keys, names: list[str], now: floa
         mapping[f"{name}|sched"] = encode(SchedRecord(
             inflight_task_id=task_id, inflight_deadline=now + 60, last_dispatch_at=now - 1,
             dispatches=1))
-    seed(client, keys, mapping, dict.fromkeys(names, now + CADENCE_S))
+    seed(client, keys, mapping, dict.fromkeys(
+        names, now + CADENCE_S if next_look is None else next_look))
 
 
 def write_hash(client: redis.Redis, key: str, mapping: dict[str, str]) -> None:
@@ -243,14 +256,17 @@ def redis_used(client: redis.Redis) -> int:
 
 
 def fair_idle(url: str, n: int, reps: int, result: dict[str, Any], profile: bool,
-              declare: str) -> tuple[FairScheduler, list[int]]:
+              declare: str, calendar: str | None = None) -> tuple[FairScheduler, list[int]]:
     prefix = "tc-fair-idle"
     client = redis.Redis.from_url(url, decode_responses=True)
     app, names = fair_app(url, prefix, n,
-                          lambda i: LaneKind.HEAVY if i % 2 == 0 else LaneKind.LIGHT, declare)
+                          lambda i: LaneKind.HEAVY if i % 2 == 0 else LaneKind.LIGHT, declare,
+                          calendar)
     result["memory"]["app_kib"] = settled_rss_kib()
     before = redis_used(client)
-    fair_idle_state(client, Keys(prefix), names, time.time())
+    now = time.time()
+    fair_idle_state(client, Keys(prefix), names, now,
+                    None if calendar is None else next_fire(calendar, "UTC", now))
     result["redis_bytes_per_lane"] = round((redis_used(client) - before) / n, 1)
     start = time.perf_counter()
     sched, sent = fair_scheduler(app)
@@ -452,7 +468,8 @@ def redbeat_app(url: str, n: int,
 
 
 def redbeat_idle(app: Celery, client: redis.Redis, n: int,
-                 result: dict[str, Any] | None = None) -> tuple[Any, list[int]]:
+                 result: dict[str, Any] | None = None,
+                 score: float | None = None) -> tuple[Any, list[int]]:
     """A RedBeatScheduler holding its lock with nothing due, after two warm-up ticks (its
     construction time in ``result["setup_s"]`` when given)."""
     start = time.perf_counter()
@@ -463,22 +480,35 @@ def redbeat_idle(app: Celery, client: redis.Redis, n: int,
     redbeat_schedulers.acquire_distributed_beat_lock(sender=SimpleNamespace(scheduler=sched))
     sent = noop_sends(sched)
     now = datetime.now(UTC)
-    redbeat_reset(sched, client, n, now, now.timestamp() + CADENCE_S)
+    redbeat_reset(sched, client, n, now, now.timestamp() + CADENCE_S if score is None else score)
     for _ in range(2):
         sched.tick()
     return sched, sent
 
 
-def run_pair(url: str, n: int, reps: int, result: dict[str, Any]) -> None:
+def run_pair(url: str, n: int, reps: int, result: dict[str, Any],
+             calendar: bool = False) -> None:
     """Idle ticks of FairScheduler and celery-redbeat at the same N, in one process and
     interleaved (fair, redbeat, fair, ...): both see the same moments of a shared, noisy
-    machine, so their ratio does not drift with the load the way two runs minutes apart do."""
+    machine, so their ratio does not drift with the load the way two runs minutes apart do.
+    ``calendar``: N crontab lanes and N crontab entries (one daily fire time, twelve hours
+    away) instead of hourly cadences."""
     if redbeat_schedulers is None:
         result["skipped"] = "celery-redbeat is not installed (pip install celery-redbeat)"
         return
     client = redis.Redis.from_url(url, decode_responses=True)
-    fair, fair_sent = fair_idle(url, n, 1, {"memory": {}}, False, "family")
-    peer, peer_sent = redbeat_idle(redbeat_app(url, n), client, n)
+    expression = far_crontab() if calendar else None
+    fair, fair_sent = fair_idle(url, n, 1, {"memory": {}}, False, "family", expression)
+    entries = None
+    if expression is not None:
+        result["crontab"] = expression
+        minute, hour = expression.split()[:2]
+        entries = {lane_name(i): {"task": lane_name(i),
+                                  "schedule": crontab(minute=minute, hour=hour)}
+                   for i in range(n)}
+    peer, peer_sent = redbeat_idle(redbeat_app(url, n, entries), client, n,
+                                   score=None if expression is None
+                                   else next_fire(expression, "UTC", time.time()))
     fair_ms: list[float] = []
     peer_ms: list[float] = []
     for _ in range(reps):
@@ -607,6 +637,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--declare", choices=["family", "tasks"], default="family",
                         help="FairScheduler: lanes as members of two lane families (default) "
                              "or as N Celery tasks")
+    parser.add_argument("--calendar", action="store_true",
+                        help="pair: crontab lanes and crontab entries instead of cadences")
     parser.add_argument("--budget", type=float, default=180.0,
                         help="seconds PersistentScheduler may take to send all due entries")
     args = parser.parse_args(argv)
@@ -620,7 +652,7 @@ def main(argv: list[str] | None = None) -> int:
                  args.declare)
         result["declare"] = args.declare
     elif args.scheduler == "pair":
-        run_pair(args.redis, args.lanes, args.reps, result)
+        run_pair(args.redis, args.lanes, args.reps, result, args.calendar)
     elif args.scheduler == "redbeat":
         run_redbeat(args.redis, args.lanes, args.reps, args.due_reps, result)
     else:
