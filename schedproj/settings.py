@@ -18,6 +18,7 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -28,7 +29,15 @@ from schedproj.core.errors import ConfigurationError
 from schedproj.core.lanes import Profile
 from schedproj.core.picker import Policy
 from schedproj.core.pressure import DEFAULT_MIN_HOLD_S, DEFAULT_TARGET_RATIO, PressureRule
-from schedproj.store.connection import REDIS_SCHEMES, mask, redis_url_problem
+from schedproj.store.connection import (
+    CLUSTER_SCHEMES,
+    REDIS_SCHEMES,
+    cluster_key_prefix,
+    hash_tag,
+    is_cluster_url,
+    mask,
+    redis_url_problem,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +63,9 @@ class Settings(BaseSettings):
         "A separate one keeps the audit trail when the state Redis loses everything.",
     )
     key_prefix: str = Field(default=defaults.KEY_PREFIX, min_length=1,
-                            description="Prefix of every Redis key schedproj writes.")
+                            description="Prefix of every Redis key schedproj writes. With a "
+                            "redis+cluster:// state Redis it carries a hash tag, so all keys "
+                            "share one slot: 'schedproj' is used as '{schedproj}'.")
     profile: Profile = Field(
         default=Profile.LOCAL,
         description="Deployment profile (ADR-0014): 'cloud' disables lanes declared local-only.",
@@ -205,12 +216,33 @@ class Settings(BaseSettings):
     @field_validator("broker_url")
     @classmethod
     def _broker_url(cls, url: str) -> str:
+        if urlsplit(url).scheme in CLUSTER_SCHEMES:
+            raise ValueError(
+                "Celery's Redis transport cannot use a Redis Cluster as its broker. Fix: point "
+                "CELERY_BROKER_URL at a plain Redis (redis://) or RabbitMQ, and "
+                "SCHEDPROJ_REDIS_URL at the cluster for schedproj's state")
         # Only a Redis broker is a Redis URL; other transports are Celery's to judge.
         if urlsplit(url).scheme in REDIS_SCHEMES:
             problem = redis_url_problem(url)
             if problem is not None:
                 raise ValueError(problem)
         return url
+
+    @field_validator("key_prefix")
+    @classmethod
+    def _key_prefix(cls, prefix: str, info: ValidationInfo) -> str:
+        # On a Redis Cluster every key of the deployment must share one slot (the scripts
+        # touch several at once): a hash tag does that. Fields are validated in order, so the
+        # URLs above are known here.
+        if not is_cluster_url(info.data.get("redis_url")) or hash_tag(prefix):
+            return prefix
+        if "{" in prefix or "}" in prefix:
+            raise ValueError(
+                "with a Redis Cluster (SCHEDPROJ_REDIS_URL=redis+cluster://...) every key must "
+                "hash to one slot, and this prefix has braces but no hash tag Redis would use "
+                "(a non-empty {...}). Fix: write it as {name}, or without braces (schedproj "
+                "then uses {name})")
+        return cluster_key_prefix(prefix)
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:

@@ -4,6 +4,12 @@ Besides ``redis://`` and ``rediss://``, a Sentinel-managed Redis is named by
 ``redis+sentinel://[user:password@]host:port[,host:port...]/service[/db]`` (``rediss+sentinel``
 for TLS to the master; ``?sentinel_password=...`` when the sentinels need one): the client
 asks the sentinels for the current master of ``service`` and follows a failover.
+
+A Redis Cluster is named by ``redis+cluster://[user:password@]host:port[,host:port...]``
+(``rediss+cluster`` for TLS): one or more of its nodes (a managed service's configuration
+endpoint will do); the client learns the rest, sends each command to the master that holds
+its keys' slot, and follows a failover or a slot move. A cluster has database 0 only. Every key
+of one deployment must hash to one slot (see :func:`cluster_key_prefix`).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
 
 import redis
 from redis.backoff import ExponentialBackoff, NoBackoff
+from redis.cluster import ClusterNode, RedisCluster
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
@@ -32,8 +39,20 @@ SENTINEL_PORT = 26379
 FAILOVER_RETRIES = 8
 
 
-#: URL schemes a Redis client is built from (redis-py's, and Sentinel's above).
-REDIS_SCHEMES = ("redis", "rediss", "unix", *SENTINEL_SCHEMES)
+#: URL schemes that name a Redis Cluster.
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+#: Port of a cluster node named without one.
+CLUSTER_PORT = 6379
+
+#: URL schemes a Redis client is built from (redis-py's, Sentinel's and Cluster's above).
+REDIS_SCHEMES = ("redis", "rediss", "unix", *SENTINEL_SCHEMES, *CLUSTER_SCHEMES)
+#: TLS options a ``rediss+cluster://`` URL may carry in its query (as redis-py's URLs do).
+TLS_QUERY_OPTIONS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs")
+
+
+def is_cluster_url(url: str | None) -> bool:
+    """Whether ``url`` names a Redis Cluster."""
+    return url is not None and urlsplit(url).scheme in CLUSTER_SCHEMES
 
 
 def redis_url_problem(url: str) -> str | None:
@@ -42,13 +61,22 @@ def redis_url_problem(url: str) -> str | None:
     parts = urlsplit(url)
     if parts.scheme not in REDIS_SCHEMES:
         return (f"scheme {parts.scheme!r} is not a Redis URL scheme. Fix: start it with "
-                "redis:// (rediss:// for TLS, redis+sentinel:// for Sentinel, unix:// for a "
-                "socket)")
+                "redis:// (rediss:// for TLS, redis+sentinel:// for Sentinel, "
+                "redis+cluster:// for a Redis Cluster, unix:// for a socket)")
     if parts.scheme in SENTINEL_SCHEMES:
         try:
             parse_sentinel_url(url)
         except ConfigurationError as exc:
             return f"{str(exc).partition(': ')[2]}. Fix: correct the sentinel addresses"
+        return None
+    if parts.scheme in CLUSTER_SCHEMES:
+        try:
+            parse_cluster_url(url)
+        except ConfigurationError as exc:
+            problem = str(exc).partition(": ")[2]
+            return problem if "Fix:" in problem else (
+                f"{problem}. Fix: write each node as host:port, e.g. "
+                "redis+cluster://10.0.0.1:6379,10.0.0.2:6379")
         return None
     try:
         parts.port  # noqa: B018 - parsing it is the check
@@ -73,6 +101,8 @@ def connect(url: str, *, socket_timeout_s: float = 10.0,
     its own schedule and must learn of a failure in time to stop)."""
     if urlsplit(url).scheme in SENTINEL_SCHEMES:
         return connect_sentinel(url, socket_timeout_s=socket_timeout_s, tls=tls, retry=retry)
+    if urlsplit(url).scheme in CLUSTER_SCHEMES:
+        return connect_cluster(url, socket_timeout_s=socket_timeout_s, tls=tls, retry=retry)
     once = {} if retry else {"retry": Retry(NoBackoff(), 0)}
     return redis.Redis.from_url(
         url,
@@ -95,17 +125,25 @@ def tls_options(url: str, tls: Mapping[str, str] | None) -> dict[str, str]:
     return {k: v for k, v in tls.items() if k not in given}
 
 
+def _hosts(url: str, default_port: int, what: str) -> list[tuple[str, int]]:
+    """The ``host:port`` list of a URL naming several servers (``h1:p1,h2:p2``)."""
+    hosts = []
+    for item in urlsplit(url).netloc.rpartition("@")[2].split(","):
+        host, _, port = item.strip().rpartition(":") if ":" in item else (item, "", "")
+        try:
+            number = int(port) if port else default_port
+        except ValueError:
+            number = -1
+        if not 0 < number < 65536:
+            raise ConfigurationError(f"{mask(url)}: {what} address {item!r} is not host:port")
+        hosts.append((host or item.strip(), number))
+    return hosts
+
+
 def parse_sentinel_url(url: str) -> tuple[list[tuple[str, int]], str, int, dict[str, str]]:
     """(sentinel addresses, service name, db, options) of a ``redis+sentinel://`` URL."""
     parts = urlsplit(url)
-    hosts = []
-    for item in parts.netloc.rpartition("@")[2].split(","):
-        host, _, port = item.strip().rpartition(":") if ":" in item else (item, "", "")
-        try:
-            hosts.append((host or item.strip(), int(port) if port else SENTINEL_PORT))
-        except ValueError:
-            raise ConfigurationError(f"{mask(url)}: sentinel address {item!r} is not host:port"
-                                     ) from None
+    hosts = _hosts(url, SENTINEL_PORT, "sentinel")
     path = [p for p in parts.path.split("/") if p]
     if not hosts or not hosts[0][0] or not path:
         raise ConfigurationError(
@@ -147,6 +185,105 @@ def connect_sentinel(url: str, *, socket_timeout_s: float = 10.0,
         **tls_options(url, tls))
     follow_switches(sentinel, service, client)
     return client
+
+
+def parse_cluster_url(url: str) -> tuple[list[tuple[str, int]], dict[str, str]]:
+    """(node addresses, options) of a ``redis+cluster://`` URL; ConfigurationError (URL
+    masked, with the fix) when it names no node or a database other than 0."""
+    parts = urlsplit(url)
+    hosts = _hosts(url, CLUSTER_PORT, "cluster node")
+    if not hosts or not hosts[0][0]:
+        raise ConfigurationError(
+            f"{mask(url)}: a Redis Cluster URL names at least one node. Fix: write "
+            "redis+cluster://host:port (more nodes: redis+cluster://host1:port1,host2:port2)")
+    db = parts.path.strip("/")
+    if db not in ("", "0"):
+        raise ConfigurationError(
+            f"{mask(url)}: a Redis Cluster has database 0 only, not {db[:20]!r}. Fix: end the "
+            "URL with the last host:port (or /0); one deployment is kept apart from another "
+            "by its SCHEDPROJ_KEY_PREFIX")
+    options = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    return hosts, options
+
+
+def connect_cluster(url: str, *, socket_timeout_s: float = 10.0,
+                    tls: Mapping[str, str] | None = None, retry: bool = True) -> redis.Redis:
+    """A client of a Redis Cluster that sends each command (and script) to the master holding
+    its keys' slot and follows a failover or a moved slot.
+
+    redis-py retries a command that met a dead node at once, after re-reading the slot map;
+    while the cluster has not yet elected the dead master's replica that map still names the
+    dead node, so, as for Sentinel, the whole command is retried with backoff for about 10 s
+    (with ``retry=False`` only once at once, to the master the slot map names after the
+    failure: the caller's next attempt may come long after the takeover)."""
+    hosts, options = parse_cluster_url(url)
+    parts = urlsplit(url)
+    tls_given = {k: v for k, v in (tls or {}).items()} if parts.scheme == "rediss+cluster" \
+        else {}
+    tls_given.update({k: v for k, v in options.items() if k in TLS_QUERY_OPTIONS})
+    client = FailoverCluster(
+        startup_nodes=[ClusterNode(host, port)  # type: ignore[no-untyped-call]
+                       for host, port in hosts],
+        failover_retries=FAILOVER_RETRIES if retry else 0,
+        decode_responses=True,
+        username=unquote(parts.username) if parts.username else None,
+        password=unquote(parts.password) if parts.password else None,
+        ssl=parts.scheme == "rediss+cluster",
+        socket_timeout=socket_timeout_s, socket_connect_timeout=min(5.0, socket_timeout_s),
+        health_check_interval=30,
+        # redis-py's own retries: immediate, each after re-reading the slot map. Even a
+        # client of one attempt gets one: its map was last read when the command before
+        # failed, maybe before the replica took over, and would still name the dead master.
+        retry=Retry(NoBackoff(), 2 if retry else 1),
+        **tls_given)
+    # A RedisCluster is no redis.Redis, but answers the commands schedproj sends (every key
+    # of a deployment in one slot); typed as the client every store takes.
+    return client  # type: ignore[return-value]
+
+
+class FailoverCluster(RedisCluster):
+    """redis-py's cluster client, with each command retried with backoff while a failover
+    is under way (the cluster says CLUSTERDOWN, or the slot's master does not answer)."""
+
+    def __init__(self, *, failover_retries: int, **kwargs: Any) -> None:
+        # Set first: the parent's __init__ already sends commands (COMMAND).
+        self._failover_retry = Retry(ExponentialBackoff(cap=2.0, base=0.1), failover_retries,
+                              supported_errors=(redis.ConnectionError, redis.TimeoutError,
+                                                redis.exceptions.ClusterDownError,
+                                                redis.exceptions.SlotNotCoveredError))
+        super().__init__(**kwargs)
+
+    def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        parent = super().execute_command
+        return self._failover_retry.call_with_retry(
+            lambda: parent(*args, **kwargs),  # type: ignore[no-untyped-call]
+            lambda _: None)
+
+
+def cluster_key_prefix(prefix: str) -> str:
+    """``prefix`` as a Redis Cluster needs it: with a hash tag, so every key of the
+    deployment (all are ``<prefix>:...``) hashes to one slot and every script may touch
+    them together. A prefix that has one is kept; else the whole prefix becomes the tag
+    (``schedproj`` -> ``{schedproj}``)."""
+    return prefix if hash_tag(prefix) else "{" + prefix.replace("{", "").replace("}", "") + "}"
+
+
+def hash_tag(prefix: str) -> str | None:
+    """The hash tag every key ``<prefix>:...`` hashes by, or None when a key's slot would
+    depend on the rest of its name: Redis hashes only what lies between the first ``{`` and
+    the first ``}`` after it, when that is not empty."""
+    start = prefix.find("{")
+    end = prefix.find("}", start + 1) if start >= 0 else -1
+    if start < 0 or end < 0 or end == start + 1:
+        return None
+    return prefix[start + 1:end]
+
+
+def socket_timeout_of(client: redis.Redis) -> float | None:
+    """The socket timeout ``client``'s connections use (a cluster client has no single
+    connection pool to ask)."""
+    timeout = client.get_connection_kwargs().get("socket_timeout")
+    return None if timeout is None else float(timeout)
 
 
 def follow_switches(sentinel: Sentinel, service: str, client: redis.Redis) -> None:

@@ -18,6 +18,7 @@ from schedproj.core import defaults
 from schedproj.core.errors import StateError
 from schedproj.core.records import LaneState, LeaseView, RunRecord, SchedRecord, decode, encode
 from schedproj.store import scripts
+from schedproj.store.connection import socket_timeout_of
 from schedproj.store.lease import parse_lease
 from schedproj.store.protocol import (
     ENTRIES_CHANGED_MEMBER,
@@ -168,6 +169,7 @@ class LaneStore:
         self._mark_lost = scripts.register(client, "run_mark_lost")
         self._tick = scripts.register(client, "tick")
         self._heal = scripts.register(client, "tick_heal")
+        self._epoch_check = scripts.register(client, "epoch_check")
         #: The epoch id the last read returned (``EpochStatus.known_id`` of the next).
         self._epoch_id = ""
 
@@ -402,21 +404,10 @@ class LaneStore:
         """May Redis have lost state a moment ago? True while the epoch record is missing or
         unreadable, names another server process, or is in its quarantine (the checks of
         ``lua/lease_acquire.lua``): what a record says then may predate the loss."""
-        pipe = self.client.pipeline(transaction=False)
-        pipe.get(self.keys.epoch)
-        pipe.info("server")
-        pipe.time()
-        raw, info, (secs, micros) = pipe.execute()
-        try:
-            epoch = json.loads(raw) if raw else None
-        except ValueError:
-            return True
-        if not isinstance(epoch, dict) or not isinstance(epoch.get("quarantine_until"),
-                                                         int | float):
-            return True
-        if epoch.get("run_id") != info.get("run_id"):
-            return True
-        return bool(secs * 1000 + micros // 1000 < epoch["quarantine_until"])
+        # Asked of the script (the rule lua/epoch_refusal.lua writes once), which runs on the
+        # server holding the epoch: on a Redis Cluster, INFO sent beside a GET would go to
+        # some other node, whose run_id never matches.
+        return bool(self._epoch_check(keys=[self.keys.epoch]))
 
     def read_run_raw(self, lane: str) -> tuple[str | None, RunRecord]:
         """The run record as stored (for a compare-and-set) and decoded."""
@@ -517,7 +508,7 @@ class LaneStore:
             return False
         # Never block longer than the client's socket timeout, or an idle wait reads as an
         # outage.
-        limit = self.client.connection_pool.connection_kwargs.get("socket_timeout") or 10.0
+        limit = socket_timeout_of(self.client) or 10.0
         woke = self.client.blpop([self.keys.wake], timeout=min(timeout_s, float(limit) - 1.0))
         if woke is not None:
             # Several runs may have finished; one tick handles them all.
