@@ -16,19 +16,23 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 from schedproj.core import defaults, lifecycle
 from schedproj.core.deferrals import LEASE_WAITS
-from schedproj.core.due import due_at, effective_last_run, retry_at
+from schedproj.core.due import NEVER, due_at, effective_last_run, retry_at
+from schedproj.core.dueindex import next_look, waits_for_lease
 from schedproj.core.lanes import LaneSpec, enabled_under
 from schedproj.core.picker import Policy, pick
 from schedproj.core.pipeline import Decision
-from schedproj.core.planner import TickInput, plan_tick
+from schedproj.core.planner import Plan, TickInput, plan_tick
 from schedproj.core.pressure import HOLD_CAP, Pressure, measure, yield_reason
 from schedproj.core.records import LaneState, LeaseView, Outcome, RunRecord, SchedRecord
+from schedproj.core.views import is_in_flight
+from schedproj.sim.index import LOOK_SLACK_S, LaneIndex, Planning, Rank, check_plans
 from schedproj.sim.model import Arrival, Durations, LaneModel, Scenario, SimError, Variant
 
 #: A simulation that needs more decisions than this is stopped (a modelling error, not a run).
@@ -37,6 +41,10 @@ MAX_DECISIONS = 5_000_000
 _EPS = 1e-9
 
 _ARRIVAL, _STEP, _FAIL, _LIGHT_END = range(4)
+
+
+def _ignore(lane: str) -> None:
+    """A lane's change, unheard (full planning looks at every lane anyway)."""
 
 
 @dataclass
@@ -146,6 +154,9 @@ class _Lane:
             last_run_at=last, last_outcome=Outcome.COMPLETED, runs=1)
         self.sched = SchedRecord()
         self._state: LaneState | None = None
+        #: Told the lane's name whenever its records or its backlog change (the due index's
+        #: changed set; set by the simulation once every lane exists).
+        self.notify: Callable[[str], None] = _ignore
         self.started = 0
         # Metric bookkeeping.
         self.backlog_since: float | None = 0.0 if self.has_backlog() else None
@@ -167,10 +178,12 @@ class _Lane:
     def set_run(self, run: RunRecord) -> None:
         self.run = run
         self._state = None
+        self.notify(self.name)
 
     def set_sched(self, sched: SchedRecord) -> None:
         self.sched = sched
         self._state = None
+        self.notify(self.name)
 
     # -- work -----------------------------------------------------------------------------------
     def has_backlog(self) -> bool:
@@ -199,6 +212,7 @@ class _Lane:
         self.seg_start = t
 
     def backlog_changed(self, t: float) -> None:
+        self.notify(self.name)
         has = self.has_backlog()
         if has and self.backlog_since is None:
             self.backlog_since = t
@@ -241,7 +255,8 @@ class _Lane:
 class Simulation:
     """One simulation; :meth:`run` returns the :class:`SimRun`."""
 
-    def __init__(self, scenario: Scenario, variant: Variant, seed: int | str = 1) -> None:
+    def __init__(self, scenario: Scenario, variant: Variant, seed: int | str = 1,
+                 planning: Planning | str = Planning.INDEX) -> None:
         self.s = scenario
         self.v = variant
         self.seed = str(seed)
@@ -256,6 +271,8 @@ class Simulation:
         self.specs = scenario.specs
         self.enabled = [rt for rt in self.rts if rt.enabled]
         self.probed = [rt for rt in self.rts if rt.probed]
+        self.planning = Planning(planning)
+        self._index_setup()
         self.lease: LeaseView | None = None
         self.lease_start = 0.0
         self.fence = 0
@@ -288,6 +305,29 @@ class Simulation:
         self.arrivals_left = len(scenario.arrivals)
         for a in scenario.arrivals:
             self._push(a.at_s, _ARRIVAL, a)
+
+    def _index_setup(self) -> None:
+        """The due index and what it keeps beside (unused when planning every lane)."""
+        self.index = LaneIndex(by_order=self.v.policy is Policy.REGISTRY)
+        self.position = {rt.name: i for i, rt in enumerate(self.rts)}
+        blockers = {g.blocker for rt in self.rts for g in rt.spec.gates}
+        # Planned at every decision, as beat reads them every tick: gate blockers and members
+        # of a family a gate names (a gate judges their views), and calendar lanes (their
+        # missed fire times are counted as time passes, due or not).
+        self.always = {rt.name for rt in self.enabled
+                       if rt.name in blockers or rt.spec.family in blockers
+                       or rt.spec.calendar is not None}
+        # Only lanes with gates can set off a trigger (a gate's max_defer_s running out).
+        self.gated = [rt for rt in self.enabled if rt.spec.gates]
+        #: Heavy lanes due and not started: when each became due (``_Lane.due_since``).
+        self.heavy_due: dict[str, float] = {}
+        #: Lanes with backlog as last filed (with the dirty ones: every lane that may have).
+        self.backlogged: set[str] = set()
+        if self.planning is Planning.FULL:
+            return
+        for rt in self.enabled:
+            rt.notify = self.index.dirty.add
+        self.index.dirty.update(rt.name for rt in self.enabled)
 
     # -- event queue ----------------------------------------------------------------------------
     def _push(self, t: float, kind: int, obj: Any) -> None:
@@ -373,9 +413,6 @@ class Simulation:
         self._changed(t)
 
     # -- decisions ------------------------------------------------------------------------------
-    def _states(self) -> dict[str, LaneState]:
-        return {rt.name: rt.state() for rt in self.rts}
-
     def _observe_due(self, decision: Decision, t: float) -> None:
         for name, view in decision.views.items():
             rt = self.by_name[name]
@@ -384,24 +421,26 @@ class Simulation:
             if view.due:
                 if rt.due_since is None:
                     rt.due_since = rt.onset(t)
+                    if rt.heavy:
+                        self.heavy_due[name] = rt.due_since
             elif rt.due_since is not None:  # stopped being due without running
                 rt.trace.starvation.append(t - rt.due_since)
                 rt.due_since = None
+                self.heavy_due.pop(name, None)
 
     def _idle(self, decision: Decision) -> bool:
         if self.lease is not None or self.arrivals_left:
             return False
         if any(v.due for v in decision.views.values() if v.spec.heavy):
             return False
-        return not any(rt.has_backlog() for rt in self.enabled)
+        if self.planning is Planning.FULL:
+            return not any(rt.has_backlog() for rt in self.enabled)
+        # A lane's backlog changes only with a change the index hears of.
+        maybe = self.backlogged | self.index.dirty
+        return not any(self.by_name[name].has_backlog() for name in maybe)
 
     def _decide(self, t: float, observe_only: bool = False) -> Decision:
-        states = self._states()
-        probes = {rt.name: rt.probe() for rt in self.probed}
-        plan = plan_tick(self.specs, TickInput(states=states, lease=self.lease, probes=probes),
-                         t, profile=self.s.profile, policy=self.v.policy,
-                         start_deadline_s=defaults.START_DEADLINE_S,
-                         task_id=lambda n: f"{n}#{self.by_name[n].started}")
+        plan, states = self._plan(t)
         decision = plan.decision
         self.decisions += 1
         self._observe_due(decision, t)
@@ -427,12 +466,105 @@ class Simulation:
                 self._start_heavy(rt, plan.sends[name].task_id, t)
             else:
                 self._start_light(rt, plan.sends[name].task_id, t)
-        wait = plan.next_due_in_s
+        wait = self._settle(plan, t)
         self.next_due = math.inf if wait is None else t + max(wait, 1e-6)
         self.last_decision = t
         self.first_change = t if chosen else None
         self.trigger = self._triggers(t)
         return decision
+
+    # -- which lanes a decision plans (schedproj.sim.index) --------------------------------------
+    def _plan(self, t: float) -> tuple[Plan, dict[str, LaneState]]:
+        """Plan a decision at ``t``: on every lane, or on those the due index names (the
+        lanes due, changed, read always, the holder and the waiting lanes' leaders)."""
+        if self.planning is Planning.FULL:
+            return self._plan_lanes(self.rts, t)
+        index = self.index
+        index.advance(t)
+        focus = index.active | index.dirty | self.always
+        focus.update(index.leaders(t))
+        if self.lease is not None:
+            focus.add(self.lease.lane)
+        position = self.position
+        lanes = [self.by_name[n] for n in sorted(focus, key=position.__getitem__)]
+        plan, states = self._plan_lanes(lanes, t)
+        if self.planning is Planning.CHECK:
+            self._full = self._plan_lanes(self.rts, t)[0]
+            check_plans(plan, self._full, self.lease, t, pressure=self.rule is not None)
+        return plan, states
+
+    def _plan_lanes(self, lanes: list[_Lane], t: float) -> tuple[Plan, dict[str, LaneState]]:
+        states = {rt.name: rt.state() for rt in lanes}
+        probes = {rt.name: rt.probe() for rt in lanes if rt.probed}
+        plan = plan_tick([rt.spec for rt in lanes],
+                         TickInput(states=states, lease=self.lease, probes=probes),
+                         t, profile=self.s.profile, policy=self.v.policy,
+                         start_deadline_s=defaults.START_DEADLINE_S,
+                         task_id=lambda n: f"{n}#{self.by_name[n].started}")
+        return plan, states
+
+    def _settle(self, plan: Plan, t: float) -> float | None:
+        """File every lane planned or changed at ``t`` in the due index; return the seconds
+        until some lane falls due by time (the plan's ``next_due_in_s`` over every lane)."""
+        wait = plan.next_due_in_s
+        if self.planning is Planning.FULL:
+            return wait
+        index = self.index
+        for name in index.dirty.union(plan.states):
+            self._file(self.by_name[name], t)
+        index.dirty.clear()
+        wake = index.next_wake()
+        if wake is not None:
+            rest = max(0.0, wake - t)
+            wait = rest if wait is None else min(wait, rest)
+        if self.planning is Planning.CHECK:
+            full = self._full.next_due_in_s
+            if wait != full:
+                raise SimError(f"t={t}: the due index wakes after {wait} s, planning every "
+                               f"lane after {full} s")
+        return wait
+
+    def _file(self, rt: _Lane, t: float) -> None:
+        """The lane's next look (``dueindex.next_look``, or sooner when its due-check reports
+        backlog: the simulator knows every change of a queue, so it files the lane by the
+        due time its backlog gives, as a worker files a finished run through ``due_at``), the
+        instant it falls due by time, and whether it only waits for the lease."""
+        spec, state = rt.spec, rt.state()
+        if rt.has_backlog():
+            self.backlogged.add(rt.name)
+        else:
+            self.backlogged.discard(rt.name)
+        look = next_look(spec, state, t)
+        if spec.heavy and self.lease is not None and self.lease.lane == rt.name:
+            self.index.file(rt.name, t, None, t)  # the holder: planned while it holds
+            return
+        if not spec.heavy and is_in_flight(state, t):
+            self.index.file(rt.name, look, None, t)
+            return
+        probe = rt.probe() if rt.probed else None
+        backlog = probe if probe is not None else state.run.backlog
+        # As ``pipeline.seconds_until_next_due`` computes it for an idle lane not due yet.
+        wake = due_at(spec, state, t, max(0, backlog))
+        look = min(look, wake, due_at(spec, state, t, probe))
+        rank = self._rank(rt, state, t) if look <= t + LOOK_SLACK_S else None
+        self.index.file(rt.name, look, wake, t, rank)
+
+    def _rank(self, rt: _Lane, state: LaneState, t: float) -> Rank | None:
+        """A due heavy lane recorded as waiting for the lease that planning may skip (the
+        planner would defer it again, with the same streak, while it stays due): its rank,
+        which moves only with time. None for a lane that must be planned: gated or read
+        always, not recorded waiting, with a retry pending (its window may close, ending its
+        due), or a last run in the future (its ratio would not follow the clock)."""
+        spec, run = rt.spec, state.run
+        if (not spec.heavy or spec.gates or rt.name in self.always
+                or not waits_for_lease(state) or retry_at(spec, state, t) != NEVER):
+            return None
+        if run.last_run_at is not None and run.last_run_at > t:
+            return None
+        if run.last_run_at is None and run.since is not None and run.since > t:
+            return None
+        last = effective_last_run(state, spec.cadence_s, t, spec.due_ratio)
+        return Rank(0 if spec.priority0 else 1, spec.cadence_s, last, spec.order, spec.name)
 
     def _track_gates(self, decision: Decision, t: float) -> None:
         """When did a light lane's gate stop deferring it? (For the dispatch delay.)"""
@@ -483,7 +615,7 @@ class Simulation:
         gate's ``max_defer_s`` running out. (A failed lane's retry is a due time like any
         other: the plan's ``next_due_in_s`` wakes beat for it, as it does beat.)"""
         best: float | None = None
-        for rt in self.enabled:
+        for rt in self.gated:
             d = rt.sched.deferral
             if d is None:
                 continue
@@ -502,7 +634,8 @@ class Simulation:
 
     def _start_heavy(self, rt: _Lane, task_id: str, t: float) -> None:
         # Work conservation: how long the lease sat free while some heavy lane was due.
-        dues = [x.due_since for x in self.enabled if x.heavy and x.due_since is not None]
+        dues = ([x.due_since for x in self.enabled if x.heavy and x.due_since is not None]
+                if self.planning is Planning.FULL else list(self.heavy_due.values()))
         if dues:
             self.idle_due_s += max(0.0, t - max(self.lease_free_since, min(dues)))
         ratio = (t - rt.origin) / rt.cadence if rt.origin is not None else 0.0
@@ -510,6 +643,7 @@ class Simulation:
         self.starts.append((rt.name, t, ratio, waited))
         self._dispatched(rt, t)
         rt.due_since = None
+        self.heavy_due.pop(rt.name, None)
         self.fence += 1
         self.published = []
         self.lease = LeaseView(lane=rt.name, token=f"sim-{self.fence}", fence=self.fence,
@@ -537,9 +671,17 @@ class Simulation:
 
     def _others_due(self, rt: _Lane, t: float) -> bool:
         """Is another heavy lane due at ``t``, by the due-time rule beat uses (cadence at its
-        due ratio, backlog its due-check reports, never run, or a retry)?"""
+        due ratio, backlog its due-check reports, never run, or a retry)? Asked of the lanes
+        the due index says may be due by ``t``: a lane looked at later is not."""
+        if self.planning is Planning.FULL:
+            lanes: Iterable[_Lane] = self.enabled
+        else:
+            index = self.index
+            index.advance(t)
+            names = chain(index.waiting, index.active, index.dirty, self.always)
+            lanes = (self.by_name[name] for name in names)
         return any(x is not rt and x.heavy and due_at(x.spec, x.state(), t, x.probe()) <= t
-                   for x in self.enabled)
+                   for x in lanes)
 
     def _schedule_step(self, run: _HeavyRun, t: float, duration: float) -> None:
         if run.rt.dur.fails(run.index, run.step):
@@ -672,10 +814,12 @@ class Simulation:
 
 
 def simulate(scenario: Scenario, variant: Variant, seed: int | str = 1,
-             progress: Callable[[float, float], None] | None = None) -> SimRun:
+             progress: Callable[[float, float], None] | None = None,
+             planning: Planning | str = Planning.INDEX) -> SimRun:
     """Run one scenario under one variant. Deterministic for a given seed; ``progress`` as
-    in :meth:`Simulation.run`."""
-    return Simulation(scenario, variant, seed).run(progress)
+    in :meth:`Simulation.run`; ``planning`` says which lanes a decision plans (the same
+    output either way: :class:`~schedproj.sim.index.Planning`)."""
+    return Simulation(scenario, variant, seed, planning).run(progress)
 
 
 def run_many(scenario: Scenario, variants: tuple[Variant, ...], seed: int | str = 1

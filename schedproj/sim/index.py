@@ -1,0 +1,214 @@
+"""Which lanes a simulated decision plans: beat's due index (``core.dueindex``) in virtual time,
+so a decision costs the lanes that need a look, not every lane.
+
+Beat plans the lanes whose next look has come, the lanes whose records changed, the lanes it
+reads every tick (gate blockers) and the lease holder; a heavy lane recorded as waiting for
+the lease is skipped, since the planner would defer it again with the same streak. The
+simulator does the same, with one addition beat does not need: the waiting lanes the picker
+would rank first (:meth:`LaneIndex.leaders`) are planned too, so the pick at a hand-off and
+the pressure published during a hold see the lane they would see planning every lane. A
+waiting lane's rank changes only with time, and along a line: its staleness ratio is
+``(now - last run) / cadence``, so waiting lanes of one cadence keep their order, and the
+leaders are found from one heap per cadence without looking at the rest.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+
+from schedproj.core.planner import Plan
+from schedproj.core.pressure import measure
+from schedproj.core.records import LeaseView
+from schedproj.sim.model import SimError
+
+#: A look this close after ``now`` counts as come: the planner judges "due" by a ratio and the
+#: index by a time, and the two may round a lane falling due exactly now differently. Planning
+#: a lane early costs a view; planning it late would change the output.
+LOOK_SLACK_S = 1e-6
+#: Ratios this close (relative) to the best waiting lane's are planned too: the planner's own
+#: arithmetic then breaks the tie (declared order, name) exactly.
+RANK_SLACK = 1e-9
+
+
+class Planning(StrEnum):
+    """How the simulator chooses the lanes a decision plans."""
+
+    #: The lanes the due index names (the default): what beat plans, plus the waiting leaders.
+    INDEX = "index"
+    #: Every lane at every decision, as before the due index (kept to check ``INDEX`` against).
+    FULL = "full"
+    #: ``INDEX``, and at every decision also the full plan, compared: a difference is an error.
+    CHECK = "check"
+
+
+@dataclass(frozen=True)
+class Rank:
+    """How the picker ranks a lane waiting for the lease, fixed while it waits: its
+    priority-0 tier and cadence (its group), its last run as the staleness ratio counts it
+    (None: never ran, maximally stale), its declared order and name."""
+
+    tier: int
+    cadence_s: float
+    last: float | None
+    order: int
+    name: str
+
+    def ratio(self, now: float) -> float:
+        """The staleness ratio at ``now`` (``views.staleness_ratio``'s arithmetic)."""
+        if self.last is None:
+            return math.inf
+        return max(0.0, now - self.last) / self.cadence_s
+
+
+_Entry = tuple[float, int, str]
+
+
+class LaneIndex:
+    """The lanes' next looks and wake-ups, and the lanes due now: ``active`` (planned at every
+    decision) and ``waiting`` (heavy lanes recorded as waiting for the lease, skipped but for
+    their leaders). ``dirty`` lanes changed since they were last filed: planned next."""
+
+    def __init__(self, by_order: bool) -> None:
+        #: The legacy registry picker ranks by declared order alone (no staleness).
+        self.by_order = by_order
+        self.active: set[str] = set()
+        self.waiting: dict[str, tuple[Rank, int]] = {}
+        self.dirty: set[str] = set()
+        self._version: dict[str, int] = {}
+        self._seq = 0
+        self._looks: list[_Entry] = []
+        self._wakes: list[_Entry] = []
+        self._groups: dict[tuple[int, float], list[tuple[tuple[object, ...], int, str]]] = {}
+
+    def file(self, lane: str, look: float, wake: float | None, now: float,
+             rank: Rank | None = None) -> None:
+        """Where the lane stands after a decision at ``now``: its next look (due now when it
+        has come), the instant it falls due by time (None: it does not while in flight), and
+        its rank when it waits for the lease and may be skipped."""
+        self._seq += 1
+        version = self._seq
+        self._version[lane] = version
+        self.active.discard(lane)
+        self.waiting.pop(lane, None)
+        if look <= now + LOOK_SLACK_S:
+            if rank is None:
+                self.active.add(lane)
+                return
+            self.waiting[lane] = (rank, version)
+            group = (0, 0.0) if self.by_order else (rank.tier, rank.cadence_s)
+            key: tuple[object, ...] = ((rank.order, rank.name) if self.by_order else
+                                       (rank.last is not None, rank.last or 0.0, rank.order,
+                                        rank.name))
+            heapq.heappush(self._groups.setdefault(group, []), (key, version, lane))
+            return
+        if look != math.inf:
+            heapq.heappush(self._looks, (look, version, lane))
+        if wake is not None and wake != math.inf:
+            heapq.heappush(self._wakes, (wake, version, lane))
+
+    def _valid(self, version: int, lane: str) -> bool:
+        return self._version.get(lane) == version
+
+    def advance(self, now: float) -> None:
+        """Lanes whose next look has come by ``now`` become active."""
+        looks = self._looks
+        while looks and looks[0][0] <= now + LOOK_SLACK_S:
+            _, version, lane = heapq.heappop(looks)
+            if self._valid(version, lane):
+                self._seq += 1
+                self._version[lane] = self._seq  # its wake-up goes with it
+                self.active.add(lane)
+
+    def next_wake(self) -> float | None:
+        """The earliest instant a lane not due now falls due by time (None: none does)."""
+        wakes = self._wakes
+        while wakes and not self._valid(wakes[0][1], wakes[0][2]):
+            heapq.heappop(wakes)
+        return wakes[0][0] if wakes else None
+
+    def leaders(self, now: float) -> list[str]:
+        """The waiting lanes the picker could rank first at ``now``: the first of each group,
+        and any whose ratio ties with it within :data:`RANK_SLACK`."""
+        if not self.waiting:
+            return []
+        found: list[tuple[int, float, str]] = []
+        for (tier, _), heap in self._groups.items():
+            found.extend((tier, ratio, lane) for ratio, lane in self._group_top(heap, now))
+        if sum(map(len, self._groups.values())) > 4 * len(self.waiting) + 64:
+            self._compact()
+        if not found:
+            return []
+        if self.by_order:
+            return [lane for _, _, lane in found]
+        tier = min(t for t, _, _ in found)
+        best = max(r for t, r, _ in found if t == tier)
+        floor = best - RANK_SLACK * max(1.0, abs(best)) if best != math.inf else best
+        return [lane for t, r, lane in found if t == tier and r >= floor]
+
+    def _group_top(self, heap: list[tuple[tuple[object, ...], int, str]],
+                   now: float) -> list[tuple[float, str]]:
+        """The group's first valid lane and those tying with it (put back afterwards)."""
+        taken: list[tuple[tuple[object, ...], int, str]] = []
+        out: list[tuple[float, str]] = []
+        floor: float | None = None
+        while heap:
+            entry = heap[0]
+            state = self.waiting.get(entry[2])
+            if state is None or state[1] != entry[1]:
+                heapq.heappop(heap)  # stale: the lane was filed again or left
+                continue
+            ratio = state[0].ratio(now)
+            if floor is None:
+                floor = ratio - RANK_SLACK * max(1.0, abs(ratio)) if ratio != math.inf \
+                    else ratio
+            elif self.by_order or ratio < floor:
+                break
+            out.append((ratio, entry[2]))
+            taken.append(heapq.heappop(heap))
+        for entry in taken:
+            heapq.heappush(heap, entry)
+        return out
+
+    def _compact(self) -> None:
+        """Drop stale entries, so the heaps stay the size of what they index."""
+        for group, heap in list(self._groups.items()):
+            live = [e for e in heap if (s := self.waiting.get(e[2])) is not None
+                    and s[1] == e[1]]
+            heapq.heapify(live)
+            if live:
+                self._groups[group] = live
+            else:
+                del self._groups[group]
+
+
+def check_plans(part: Plan, full: Plan, lease: LeaseView | None, now: float,
+                pressure: bool) -> None:
+    """Raise :class:`SimError` where the plan of the lanes the index names decides otherwise
+    than the plan of every lane: what is sent, the records written, the deferrals logged,
+    the gates that lapsed, whether a heavy lane is due, and (``pressure``: the simulation
+    publishes it) the pressure on the lease."""
+    a, b = part.decision, full.decision
+    checks = {
+        "winner": (a.winner, b.winner),
+        "light lanes sent": (a.also_dispatched, b.also_dispatched),
+        "message ids": ({k: v.task_id for k, v in part.sends.items()},
+                        {k: v.task_id for k, v in full.sends.items()}),
+        "records written": (part.changes, full.changes),
+        "deferrals logged": (sorted(part.new_deferrals, key=repr),
+                             sorted(full.new_deferrals, key=repr)),
+        "gates lapsed": (a.expired_gates, b.expired_gates),
+        "a heavy lane due": (any(v.due for v in a.views.values() if v.spec.heavy),
+                             any(v.due for v in b.views.values() if v.spec.heavy)),
+        "pressure": ((measure(a, part.states, lease, now), measure(b, full.states, lease, now))
+                     if lease is not None and pressure else (None, None)),
+    }
+    for what, (mine, every) in checks.items():
+        if mine != every:
+            raise SimError(f"t={now}: planning the due index's lanes differs from planning "
+                           f"every lane in {what}: {mine!r} != {every!r}")
+
+
+__all__ = ["LOOK_SLACK_S", "RANK_SLACK", "LaneIndex", "Planning", "Rank", "check_plans"]
