@@ -7,11 +7,13 @@ the same from any machine.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
-from schedproj.core.due import due_at
+from schedproj.core.due import calendar_last_run, due_at
 from schedproj.core.lanes import LaneSpec, Profile, enabled_under, queue_for
 from schedproj.core.records import LaneState, LeaseView
 from schedproj.core.views import view_lane
@@ -21,6 +23,11 @@ from schedproj.core.views import view_lane
 #: held by a stranger, a broken key, a lost index). Longer than a beat failover (the lock TTL)
 #: plus the quarantine after a state loss, so a recovery that works is never flagged.
 UNDISPATCHED_AFTER_S = 60.0
+#: A heavy calendar lane whose last this many fire times in a row passed their catch-up window
+#: unrun (``catchup_window_s``) is "missing": kept from its fire times — behind other heavy
+#: work, or with no beat — so the posture is degraded. One miss is a late night; two in a row
+#: is a pattern, and with a daily schedule waiting for a third would take another day.
+MISSED_IN_A_ROW = 2
 
 
 class Posture(StrEnum):
@@ -31,7 +38,7 @@ class Posture(StrEnum):
     #: A lane (heavy or light, deferred behind the lease, a gate or the pick) has waited
     #: undispatched past the threshold, or the lease is held past the hold cap, or a lane has
     #: been due past :data:`UNDISPATCHED_AFTER_S` with beat neither dispatching nor deferring
-    #: it.
+    #: it, or a heavy calendar lane missed :data:`MISSED_IN_A_ROW` fire times in a row.
     DEGRADED = "degraded"
     #: State could not be read (or no lanes): no verdict.
     UNKNOWN = "unknown"
@@ -70,6 +77,20 @@ class LaneHealth:
     deferred_for_s: float | None
     #: Due since then with no dispatch, deferral or pause (None: not due, or beat acted).
     due_since: float | None = None
+    #: A calendar lane's schedule in words (``crontab 30 2 * * * Europe/Berlin``); None: a
+    #: cadence lane.
+    schedule: str | None = None
+    #: The IANA zone a calendar lane's fire times are read in (None when not known here).
+    timezone: str | None = None
+    #: A calendar lane's next fire time after now (None: a cadence lane, a schedule that fires
+    #: no more, or one only its own code computes — tools then show the due index's next look).
+    next_fire_at: float | None = None
+    #: Fire times skipped for the catch-up window, in all, and the latest of them.
+    missed: int = 0
+    missed_through: float | None = None
+    #: Fire times missed in a row since the lane last ran (counted up to
+    #: :data:`MISSED_IN_A_ROW`).
+    missed_in_a_row: int = 0
 
 
 @dataclass(frozen=True)
@@ -85,12 +106,15 @@ class Health:
     #: Lanes due past :data:`UNDISPATCHED_AFTER_S` that beat never acted on (see
     #: ``LaneHealth.due_since``).
     undispatched: tuple[str, ...] = ()
+    #: Heavy calendar lanes that missed their last :data:`MISSED_IN_A_ROW` fire times in a
+    #: row and are not running now (see ``LaneHealth.missed_in_a_row``).
+    missing: tuple[str, ...] = ()
 
     @property
     def posture(self) -> Posture:
         if self.unreadable or not self.lanes:
             return Posture.UNKNOWN
-        if self.starving or self.lease_over_cap or self.undispatched:
+        if self.starving or self.lease_over_cap or self.undispatched or self.missing:
             return Posture.DEGRADED
         return Posture.HEALTHY
 
@@ -156,9 +180,38 @@ def assess(
     bad = set(unreadable)
     undispatched = tuple(h.name for h in lanes if h.due_since is not None
                          and now - h.due_since >= undispatched_after_s and h.name not in bad)
+    # A heavy calendar lane kept from its fire times: starvation measured in fire times, which
+    # a lane whose window is shorter than the starvation threshold never shows as a deferral.
+    missing = tuple(h.name for h in lanes
+                    if h.kind == "heavy" and h.enabled and not h.paused and not h.in_flight
+                    and h.missed_in_a_row >= MISSED_IN_A_ROW and h.name not in bad)
     return Health(now=now, lease=gauge, chain_depth=max(0, len(chain) - 1), chain=chain,
                   lanes=lanes, starving=starving, lease_over_cap=over_cap,
-                  unreadable=tuple(sorted(unreadable)), undispatched=undispatched)
+                  unreadable=tuple(sorted(unreadable)), undispatched=undispatched,
+                  missing=missing)
+
+
+def missed_in_a_row(spec: LaneSpec, state: LaneState, now: float,
+                    cap: int = MISSED_IN_A_ROW) -> int:
+    """How many fire times a calendar lane missed in a row since it last ran (at most ``cap``):
+    its fire times after its last run up to the latest one recorded missed
+    (``SchedRecord.missed_through``). A lane that never ran missed every one it recorded. A
+    schedule only its own code computes (``schedules.OpaqueFireTimes``) counts 1 while a miss
+    is newer than its last run: its fire times cannot be walked here."""
+    sched = state.sched
+    if spec.calendar is None or sched.missed_through is None or not sched.missed:
+        return 0
+    last = calendar_last_run(spec, state, now)
+    if last is None:
+        return min(sched.missed, cap)
+    if last >= sched.missed_through:
+        return 0
+    count, fire = 0, spec.calendar.next_fire(last)
+    if not math.isfinite(fire):
+        return 1
+    while fire <= sched.missed_through and count < cap:
+        count, fire = count + 1, spec.calendar.next_fire(fire)
+    return max(count, 1)
 
 
 def _due_since(spec: LaneSpec, state: LaneState, now: float,
@@ -191,4 +244,18 @@ def _lane_health(spec: LaneSpec, state: LaneState, lease: LeaseView | None, now:
         deferral_blocker=deferral.blocker if deferral else None,
         deferred_for_s=max(0.0, now - deferral.since) if deferral else None,
         due_since=_due_since(spec, state, now, beat_since) if enabled and waiting else None,
+        **calendar_fields(spec, state, now),
     )
+
+
+def calendar_fields(spec: LaneSpec, state: LaneState, now: float) -> dict[str, Any]:
+    """A calendar lane's schedule, zone, next fire and misses (nothing for a cadence lane)."""
+    times = spec.calendar
+    if times is None:
+        return {}
+    zone = getattr(times, "zone", None)   # CronFireTimes: a name; Celery's others: a ZoneInfo
+    following = times.next_fire(now)
+    return {"schedule": times.text, "timezone": None if zone is None else str(zone),
+            "next_fire_at": following if math.isfinite(following) else None,
+            "missed": state.sched.missed or 0, "missed_through": state.sched.missed_through,
+            "missed_in_a_row": missed_in_a_row(spec, state, now)}

@@ -68,29 +68,37 @@ def main() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the lanes as JSON.")
 def lanes(app_name: str, lanes: str | None, as_json: bool) -> None:
     """List the declared lanes and their options; exit non-zero naming the problem if invalid."""
+    import time
+
     from schedproj.core.lanes import enabled_under, queue_for
+    from schedproj.telemetry.status import missed_words, next_fire_words, schedule_words
 
     app, lane_set = _lanes_of(app_name, lanes)
     profile = app.schedproj_settings.profile
+    now = time.time()
+    calendars = _calendar_rows(app, lane_set.specs, now)
     rows = [{
         "lane": s.name, "task": s.task_name, "kind": s.kind.value, "queue": queue_for(s.kind),
         "cadence_s": s.cadence_s, "priority0": s.priority0, "deployment": s.deployment.value,
         "enabled": enabled_under(profile, s.deployment), "order": s.order,
         "backlog_driven": s.backlog_driven,
         "gates": [f"{g.when.value}:{g.blocker}" for g in s.gates],
+        **calendars.get(s.name, _NO_CALENDAR),
     } for s in lane_set.specs]
     entry_rows = _entry_rows(app)
     if as_json:
         click.echo(json.dumps({"profile": profile.value, "lanes": rows, "entries": entry_rows},
                               indent=2))
         return
-    columns = ("lane", "kind", "queue", "cadence_s", "priority0", "deployment", "enabled",
-               "order", "gates")
+    columns = ("lane", "kind", "queue", "cadence / schedule", "next fire", "missed",
+               "priority0", "deployment", "enabled", "order", "gates")
     table = Table(title=f"lanes (profile {profile.value})")
     for col in columns:
-        table.add_column(col, no_wrap=col == "lane")
+        table.add_column(col, no_wrap=col in ("lane", "cadence / schedule", "next fire"))
     for row in rows:
-        cells = {**row, "gates": ", ".join(row["gates"]) or "-"}
+        cells = {**row, "gates": ", ".join(row["gates"]) or "-",
+                 "cadence / schedule": schedule_words(row),
+                 "next fire": next_fire_words(now, row), "missed": missed_words(row)}
         table.add_row(*(str(cells[c]) for c in columns))
     console = Console(width=None if sys.stdout.isatty() else 160)
     console.print(table)
@@ -102,6 +110,53 @@ def lanes(app_name: str, lanes: str | None, as_json: bool) -> None:
             entries.add_row(r["entry"], r["task"], r["schedule"], r["source"],
                             _when(r["next_due_at"]))
         console.print(entries)
+
+
+#: What ``schedproj lanes --json`` says of a cadence lane's calendar fields.
+_NO_CALENDAR: dict[str, Any] = {
+    "schedule": None, "timezone": None, "catchup_window_s": None, "next_fire_at": None,
+    "next_fire_local": None, "next_fire_utc": None, "missed": None}
+
+
+def _calendar_rows(app: Any, specs: Any, now: float) -> dict[str, dict[str, Any]]:
+    """Each calendar lane's schedule in words, zone, catch-up window, next fire (in its zone
+    and in UTC, from the app's own schedule objects, so a custom Celery schedule's too) and
+    the fire times it missed (from Redis; None when Redis is unreachable)."""
+    import redis as redis_lib
+
+    from schedproj.core.health import calendar_fields
+    from schedproj.core.records import LaneState
+    from schedproj.on_celery.runtime import runtime_for
+    from schedproj.store.lane_store import parse_states
+    from schedproj.store.protocol import run_field, sched_field
+    from schedproj.telemetry.status import when_in
+
+    calendar = [s for s in specs if s.calendar is not None]
+    if not calendar:
+        return {}
+    try:
+        rt = runtime_for(app)
+        fields = [f(s.name) for s in calendar for f in (run_field, sched_field)]
+        values = rt.store.client.hmget(rt.keys.lanes, fields)
+        states, _ = parse_states({k: str(v) for k, v in zip(fields, values, strict=True)
+                                  if v is not None}, rt.keys.lanes)
+        reached = True
+    except redis_lib.RedisError:
+        states, reached = {}, False
+    rows = {}
+    for spec in calendar:
+        shown = calendar_fields(spec, states.get(spec.name, LaneState()), now)
+        at, zone = shown["next_fire_at"], shown["timezone"]
+        rows[spec.name] = {
+            "schedule": shown["schedule"], "timezone": zone,
+            "catchup_window_s": spec.catchup_window_s, "next_fire_at": at,
+            "next_fire_local": None if at is None else
+            when_in(at, zone).isoformat(timespec="seconds"),
+            "next_fire_utc": None if at is None else
+            when_in(at, None).isoformat(timespec="seconds"),
+            "missed": shown["missed"] if reached else None,
+            "missed_in_a_row": shown["missed_in_a_row"] if reached else None}
+    return rows
 
 
 def _entry_rows(app: Any) -> list[dict[str, Any]]:

@@ -2,7 +2,8 @@
 
 In the style of the original's embed-drain-liveness-watchdog: the alarm fires once when a
 stall begins (any lane — heavy or light, deferred behind the lease, the pick or a gate — waiting
-undispatched past ``SCHEDPROJ_STARVATION_THRESHOLD_S``, or the lease held past the hold cap),
+undispatched past ``SCHEDPROJ_STARVATION_THRESHOLD_S``, the lease held past the hold cap, or a
+heavy calendar lane that missed its last ``core.health.MISSED_IN_A_ROW`` fire times in a row),
 records when, and clears when the stall ends. ``schedproj.app`` always has it; another app
 adds it with ``configure_app(app, watchdog=True)`` (or :func:`register`).
 """
@@ -46,6 +47,7 @@ class Latch:
 def reasons_of(health: Health) -> tuple[str, ...]:
     out = [f"starving:{lane}" for lane in health.starving]
     out += [f"undispatched:{lane}" for lane in health.undispatched]
+    out += [f"missed-fires:{lane}" for lane in health.missing]
     if health.lease_over_cap and health.lease is not None:
         out.append(f"lease-over-cap:{health.lease.holder}")
     out += [f"unreadable:{name}" for name in health.unreadable]

@@ -22,7 +22,7 @@ from schedproj.settings import Settings
 from schedproj.store.protocol import LEASE_ACQUISITIONS, CounterKind, Keys, parse_counter_field
 from schedproj.telemetry.entries_view import read_entries
 from schedproj.telemetry.observe import Observation, observe
-from schedproj.telemetry.status import families_folded
+from schedproj.telemetry.status import families_folded, next_fire
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +68,9 @@ CATALOG: tuple[MetricDoc, ...] = (
     _gauge("schedproj_lane_deferred_seconds",
            "Age of the lane's current deferral streak (0: none).", "lane", "reason"),
     _gauge("schedproj_lane_backlog", "Backlog the lane reported.", "lane"),
+    _gauge("schedproj_lane_next_fire_timestamp_seconds", "A calendar lane's next fire time "
+           "(Unix time); for a schedule only its own code computes, the due index's next look. "
+           "Cadence lanes have no series.", "lane"),
     _counter("schedproj_lane_runs", "Finished runs.", "lane"),
     _counter("schedproj_lane_failures", "Failed runs.", "lane"),
     _counter("schedproj_dispatches", "Messages sent by beat.", "lane", "queue"),
@@ -236,20 +239,24 @@ class SchedprojCollector(Collector):
         return parts is not None and parts[0] in obs.families
 
     def _lanes(self, health: Any, obs: Observation) -> Iterator[Metric]:
-        ratio, deferred, backlog, runs, failures, dispatches = (family(name) for name in (
-            "schedproj_lane_staleness_ratio", "schedproj_lane_deferred_seconds",
-            "schedproj_lane_backlog", "schedproj_lane_runs", "schedproj_lane_failures",
-            "schedproj_dispatches"))
+        ratio, deferred, backlog, fires, runs, failures, dispatches = (
+            family(name) for name in (
+                "schedproj_lane_staleness_ratio", "schedproj_lane_deferred_seconds",
+                "schedproj_lane_backlog", "schedproj_lane_next_fire_timestamp_seconds",
+                "schedproj_lane_runs", "schedproj_lane_failures", "schedproj_dispatches"))
         for h in health.lanes:
             if self._member(h.name, obs):
                 continue
             ratio.add_metric([h.name], h.ratio)
             deferred.add_metric([h.name, h.deferral_reason or ""], h.deferred_for_s or 0.0)
             backlog.add_metric([h.name], h.backlog)
+            at = next_fire(obs, h)["next_fire_at"]
+            if at is not None:
+                fires.add_metric([h.name], at)
             runs.add_metric([h.name], h.runs)
             failures.add_metric([h.name], h.failures)
             dispatches.add_metric([h.name, h.queue], h.dispatches)
-        yield from (ratio, deferred, backlog, runs, failures, dispatches)
+        yield from (ratio, deferred, backlog, fires, runs, failures, dispatches)
 
     def _counters(self, counters: dict[str, int], acquisitions: int,
                   obs: Observation) -> Iterator[Metric]:

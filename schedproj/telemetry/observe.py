@@ -7,6 +7,7 @@ it works from any machine that reaches Redis, without the lanes' code.
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,7 @@ from schedproj.core.laneset import specs_from_registry
 from schedproj.core.pressure import Pressure, PressureYield, decode_yield
 from schedproj.core.pressure import decode as decode_pressure
 from schedproj.core.records import LaneState, LeaseView, SchedRecord, replace
+from schedproj.core.schedules import from_text
 from schedproj.store.lane_store import UNREADABLE_LEASE, parse_states
 from schedproj.store.lease import parse_lease
 from schedproj.store.protocol import LEASE_ACQUISITIONS, Keys
@@ -52,6 +54,10 @@ class Observation:
     #: many members each has; members with state are among ``specs`` and ``states``.
     families: dict[str, LaneSpec] = field(default_factory=dict)
     family_sizes: dict[str, int] = field(default_factory=dict)
+    #: The due index's next look (epoch seconds) of each calendar lane whose fire times this
+    #: process cannot compute (a custom Celery schedule read from the registry as its text):
+    #: what the tools show as its next fire.
+    next_looks: dict[str, float] = field(default_factory=dict)
 
     def health(self, *, starvation_threshold_s: float | None = None,
                hold_cap_s: float | None = None, profile: Profile | None = None,
@@ -149,8 +155,28 @@ def observe(client: redis.Redis, keys: Keys, specs: tuple[LaneSpec, ...] | None 
         watchdog=read_watchdog(raw["watchdog"], keys, problems),
         counters=counters, lease_acquisitions=acquisitions, problems=problems,
         families=families_, family_sizes=family_sizes(client, keys, families_, problems),
+        next_looks=next_looks(client, keys, specs, time.time() if now is None else now,
+                              problems),
         **pressure,
     )
+
+
+def next_looks(client: redis.Redis, keys: Keys, specs: tuple[LaneSpec, ...], now: float,
+               problems: list[str]) -> dict[str, float]:
+    """The due index's next look of the calendar lanes whose next fire is unknown here (one
+    round trip, none when there are no such lanes); a due index of the wrong type is
+    reported."""
+    opaque = [s.name for s in specs
+              if s.calendar is not None and not math.isfinite(s.calendar.next_fire(now))]
+    if not opaque:
+        return {}
+    try:
+        scores = client.zmscore(keys.due, opaque)
+    except redis.ResponseError as exc:
+        problems.append(wrong_type(client, keys.due, "zset", exc))
+        return {}
+    return {lane: float(score) for lane, score in zip(opaque, scores, strict=True)
+            if score is not None and math.isfinite(float(score))}
 
 
 def drop_insane(states: dict[str, LaneState], key: str) -> dict[str, str]:
@@ -285,7 +311,10 @@ def family_specs(registry: dict[str, Any], states: dict[str, LaneState], problem
             spec = LaneSpec(**{**{k: v for k, v in raw.items() if k != "jitter"},
                                "kind": LaneKind(raw["kind"]),
                                "deployment": DeploymentClass(raw["deployment"]),
-                               "gates": tuple(Gate(**g) for g in raw["gates"])})
+                               "gates": tuple(Gate(**g) for g in raw["gates"]),
+                               # A calendar family's schedule is stored as its text.
+                               "calendar": (None if raw.get("calendar") is None
+                                            else from_text(str(raw["calendar"])))})
             jitter = as_number(raw.get("jitter", 0.0))
             problem = bad_field(spec) or (None if (as_number(spec.cadence_s) or 0) > 0
                                           and jitter is not None and 0 <= jitter <= 0.5

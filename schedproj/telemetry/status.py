@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import asdict
+from datetime import UTC, datetime
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from rich.console import Group
 from rich.table import Table
@@ -66,6 +69,60 @@ def lane_state_word(h: Any) -> str:
     return "due" if h.due else "idle"
 
 
+def when_in(at: float, zone: str | None) -> datetime:
+    """``at`` as a wall time in ``zone`` (UTC when the zone is not known here)."""
+    try:
+        tz: Any = UTC if zone is None else ZoneInfo(zone)
+    except (ValueError, KeyError):   # ZoneInfoNotFoundError is a KeyError
+        tz = UTC
+    return datetime.fromtimestamp(at, tz)
+
+
+def next_fire(obs: Observation, h: Any) -> dict[str, Any]:
+    """A lane's schedule and next fire for the tools: ``schedule`` (in words; None for a
+    cadence lane), ``next_fire_at`` (epoch seconds), ``next_fire_local`` (ISO 8601 in the
+    lane's zone), ``next_fire_utc`` and ``next_fire_from`` — ``schedule`` when computed from
+    its fire times, ``due index`` for a schedule only its code computes (the due index's next
+    look, where beat will next judge it)."""
+    at, source = h.next_fire_at, "schedule"
+    if h.schedule is not None and at is None and h.name in obs.next_looks:
+        at, source = obs.next_looks[h.name], "due index"
+    if h.schedule is None or at is None:
+        return {"next_fire_at": None, "next_fire_local": None, "next_fire_utc": None,
+                "next_fire_from": None}
+    return {"next_fire_at": at,
+            "next_fire_local": when_in(at, h.timezone).isoformat(timespec="seconds"),
+            "next_fire_utc": when_in(at, None).isoformat(timespec="seconds"),
+            "next_fire_from": source}
+
+
+def next_fire_words(now: float, lane: Mapping[str, Any]) -> str:
+    """``in 3.0h — 02:30 CET (01:30 UTC)``: a lane's next fire (from :func:`next_fire`) as
+    status, the page and ``schedproj lanes`` show it; ``-`` for a cadence lane."""
+    at = lane.get("next_fire_at")
+    if at is None:
+        return "-" if lane.get("schedule") is None else "unknown"
+    local, utc = when_in(at, lane.get("timezone")), when_in(at, None)
+    day = "" if local.date() == when_in(now, lane.get("timezone")).date() else \
+        local.strftime("%a %d %b ")
+    words = (f"in {_duration(at - now)} — {day}{local:%H:%M %Z}"
+             + ("" if local.utcoffset() == utc.utcoffset() else f" ({utc:%H:%M} UTC)"))
+    return words + (" (due index)" if lane.get("next_fire_from") == "due index" else "")
+
+
+def schedule_words(lane: Mapping[str, Any]) -> str:
+    """A lane's schedule in words, or its cadence."""
+    return str(lane["schedule"]) if lane.get("schedule") else _duration(lane["cadence_s"])
+
+
+def missed_words(lane: Mapping[str, Any]) -> str:
+    """How many fire times a calendar lane missed (``2 in a row`` while it is missing)."""
+    if lane.get("schedule") is None:
+        return "-"
+    missed, row = lane.get("missed") or 0, lane.get("missed_in_a_row") or 0
+    return f"{missed} ({row} in a row)" if row >= 2 else str(missed)
+
+
 def undeclared_lanes(obs: Observation) -> list[str]:
     """Lanes with state under this prefix that the published lane set does not declare: what
     another app's beat on the same Redis and prefix leaves behind."""
@@ -124,10 +181,9 @@ def as_json(obs: Observation, health: Health, family: str | None = None) -> dict
         "undeclared_lanes": undeclared_lanes(obs),
         "starving": list(health.starving),
         "undispatched": undispatched_json(health),
+        "missing": list(health.missing),
         "lease_over_cap": health.lease_over_cap,
-        "lanes": [{**asdict(h), "state": lane_state_word(h),
-                   "ratio": None if math.isinf(h.ratio) else h.ratio}
-                  for h in shown_lanes(obs, health, family)],
+        "lanes": [lane_json(obs, h) for h in shown_lanes(obs, health, family)],
         "families": [{**asdict(f), "max_ratio": None if math.isinf(f.max_ratio)
                       else f.max_ratio} for f in families_folded(obs, health)],
         "beat": {**obs.beat, "lock_held": obs.beat_lock_held},
@@ -138,6 +194,21 @@ def as_json(obs: Observation, health: Health, family: str | None = None) -> dict
         "problems": obs.problems,
         "pressure": pressure_json(obs),
     }
+
+
+def lane_json(obs: Observation, h: Any) -> dict[str, Any]:
+    """One lane's status row as JSON (``schedproj status --json``, ``/api/status``)."""
+    return {**asdict(h), "state": lane_state_word(h),
+            "ratio": None if math.isinf(h.ratio) else h.ratio, **next_fire(obs, h)}
+
+
+def missing_line(now: float, health: Health) -> str:
+    """One line naming the heavy calendar lanes kept from their fire times."""
+    rows = {h.name: h for h in health.lanes}
+    return ("MISSED FIRE TIMES (heavy calendar lanes that missed their last fire times in a "
+            "row, behind other heavy work or with no beat): "
+            + ", ".join(f"{lane} (missed {rows[lane].missed} in all, the latest "
+                        f"{_ago(now, rows[lane].missed_through)})" for lane in health.missing))
 
 
 def pressure_json(obs: Observation) -> dict[str, Any]:
@@ -186,10 +257,12 @@ def _lane_table(obs: Observation, health: Health, family: str | None = None) -> 
                      f"{_duration(h.deferred_for_s or 0)}") if h.deferral_reason else ""
             for h in lanes}
     deferred = "deferred: reason / blocker / for"
-    for col in ("lane", "kind", "queue", "class", "cadence", "last run", "ratio", "state",
-                deferred, "last outcome", "runs", "fail"):
-        # Lane names and the deferral (its blocker) are never cut off; other cells wrap.
-        table.add_column(col, no_wrap=col in ("lane", deferred), overflow="fold",
+    for col in ("lane", "kind", "queue", "class", "cadence / schedule", "next fire", "missed",
+                "last run", "ratio", "state", deferred, "last outcome", "runs", "fail"):
+        # Lane names, schedules and the deferral (its blocker) are never cut off; other
+        # cells wrap.
+        table.add_column(col, no_wrap=col in ("lane", "cadence / schedule", deferred),
+                         overflow="fold",
                          min_width=max([len(w) for w in whys.values()] + [8])
                          if col == deferred else None)
     for h in lanes:
@@ -197,7 +270,9 @@ def _lane_table(obs: Observation, health: Health, family: str | None = None) -> 
         outcome = h.last_outcome or "-"
         if h.last_reason and h.last_outcome in ("failed", "skipped", "yielded"):
             outcome = f"{outcome}: {h.last_reason}"[:60]
-        table.add_row(*map(cell, (h.name, h.kind, h.queue, h.deployment, _duration(h.cadence_s),
+        row = lane_json(obs, h)
+        table.add_row(*map(cell, (h.name, h.kind, h.queue, h.deployment, schedule_words(row),
+                                  next_fire_words(now, row), missed_words(row),
                                   _ago(now, h.last_run_at), _ratio(h.ratio),
                                   lane_state_word(h), why, outcome, h.runs, h.failures)))
     return table
@@ -233,6 +308,8 @@ def render(obs: Observation, health: Health, family: str | None = None) -> Group
                      f"{_ago(now, w.get('assessed_at'))})")
     if health.undispatched:
         lines.append(undispatched_line(now, undispatched_json(health)))
+    if health.missing:
+        lines.append(missing_line(now, health))
     undeclared = undeclared_lanes(obs)
     if undeclared:
         lines.append(f"problem: {undeclared_line(undeclared)}")

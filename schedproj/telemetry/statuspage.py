@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from schedproj.telemetry.sanity import as_count, as_number
+from schedproj.telemetry.status import missed_words, next_fire_words, schedule_words
 
 #: The timeline and ratio charts cover this much of the past (seconds).
 WINDOW_S = 3600.0
@@ -261,8 +262,9 @@ def _ratio(value: float | None) -> str:
     return "∞" if value is None or value >= 1e9 else f"{value:.2f}"
 
 
-TABLE_COLUMNS = ("lane", "kind", "queue", "cadence", "last run", "ratio", "state",
-                 "deferred: reason / blocker / for", "backlog", "last outcome", "runs", "fail")
+TABLE_COLUMNS = ("lane", "kind", "queue", "cadence / schedule", "last run", "ratio", "state",
+                 "deferred: reason / blocker / for", "backlog", "last outcome", "runs", "fail",
+                 "next fire", "missed")
 
 
 def lane_cells(lane: Mapping[str, Any], now: float) -> list[str]:
@@ -275,11 +277,11 @@ def lane_cells(lane: Mapping[str, Any], now: float) -> list[str]:
     outcome = lane.get("last_outcome") or "-"
     if lane.get("last_reason") and outcome in ("failed", "skipped", "yielded"):
         outcome = f"{outcome}: {lane['last_reason']}"
-    return [str(lane["name"]), str(lane["kind"]), str(lane["queue"]),
-            _duration(lane["cadence_s"]),
+    return [str(lane["name"]), str(lane["kind"]), str(lane["queue"]), schedule_words(lane),
             "never" if last is None else f"{_duration(now - last)} ago",
             _ratio(lane.get("ratio")), str(lane["state"]), why or "-", str(lane["backlog"]),
-            outcome, str(lane["runs"]), str(lane["failures"])]
+            outcome, str(lane["runs"]), str(lane["failures"]), next_fire_words(now, lane),
+            missed_words(lane)]
 
 
 def status_table(status: Mapping[str, Any]) -> str:
@@ -339,6 +341,11 @@ def facts(status: Mapping[str, Any]) -> list[tuple[str, str]]:
     out += [("UNDISPATCHED", f"{u['lane']}: due since {_duration(now - u['due_since'])} ago, "
              "never dispatched, deferred or paused (is beat running?)")
             for u in status.get("undispatched") or []]
+    missed = {lane["name"]: lane for lane in status.get("lanes") or []}
+    out += [("MISSED FIRE TIMES", f"{name}: missed its last fire times in a row ("
+             + (f"{missed[name].get('missed')} in all" if name in missed else "see status")
+             + "), behind other heavy work or with no beat")
+            for name in status.get("missing") or []]
     beat = status.get("beat") or {}
     out.append(("active beat", "none has run with this prefix" if not beat.get("host") else
                 f"{beat['host']} pid {beat.get('pid')} ("
