@@ -5,6 +5,12 @@ dispatch opens a Sentry Crons check-in (monitor slug = lane name: beat's schedul
 named after the lanes) that the worker closes ok or error. Sentry Crons only knows intervals of
 whole minutes: a lane whose cadence is not one gets no check-ins (sentry-sdk logs a warning).
 
+A calendar lane with a cron schedule can be monitored on its own calendar
+(:func:`crons_schedule`): its crontab in its zone. A fire time schedproj skips as missed sends
+no check-in, so Sentry marks it *missed* itself — a client cannot send that status (a check-in
+is ``in_progress``, ``ok`` or ``error``; *missed* is Sentry's verdict on a check-in that did
+not come).
+
 No personal data is sent unless ``SCHEDPROJ_SENTRY_SEND_DEFAULT_PII`` says so, and credentials
 never leave the process: a lane's frames hold the lease grant and the settings (whose repr
 shows the broker URL and the DSN), so every event is scrubbed recursively of secret-named keys
@@ -20,13 +26,16 @@ import sys
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import sentry_sdk
+from celery.schedules import crontab
 from sentry_sdk.integrations.celery import CeleryIntegration
 from sentry_sdk.scrubber import DEFAULT_DENYLIST, EventScrubber
 from sentry_sdk.utils import BadDsn
 
 from schedproj.core.lanes import LaneSpec
+from schedproj.core.schedules import CronFireTimes
 from schedproj.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -137,3 +146,41 @@ def init_sentry(settings: Settings, role: str, *,
                 "on" if settings.sentry_beat_monitoring else "off",
                 "on" if settings.sentry_send_default_pii else "off")
     return True
+
+
+class ZonedCrontab(crontab):  # type: ignore[misc]
+    """A Celery ``crontab`` that names its own zone. sentry-sdk builds a Crons monitor from a
+    beat entry's schedule and takes the zone from its ``tz`` (a plain ``crontab`` answers
+    with the app's zone): this one answers with the lane's."""
+
+    def __init__(self, times: CronFireTimes) -> None:
+        minute, hour, day_of_month, month_of_year, day_of_week = times.schedule.text.split()
+        super().__init__(minute=minute, hour=hour, day_of_month=day_of_month,
+                         month_of_year=month_of_year, day_of_week=day_of_week)
+        self.zone = times.zone
+
+    @property
+    def tz(self) -> ZoneInfo:
+        return ZoneInfo(self.zone)
+
+
+def crons_schedule(spec: LaneSpec) -> Any:
+    """The schedule beat's entry for ``spec`` should carry so Sentry Crons monitors the lane
+    on its own calendar: for a calendar lane with a cron schedule, its crontab in its zone
+    (:class:`ZonedCrontab`); None for the others (a cadence lane, and a calendar Sentry cannot
+    express — solar, a custom Celery schedule, a one-off instant — keep the interval monitor
+    of their nominal period).
+
+    With it, the check-in beat opens at dispatch and the one the worker closes (from the
+    message's headers) both name the crontab and the zone, and a fire time schedproj skips
+    for its catch-up window sends no check-in, so Sentry marks it *missed*. The expression is
+    read by Sentry with classic cron's rules: where Celery's (and schedproj's) differ — a day
+    must match both the day of month and the day of week; the DST rules of docs/calendar.md —
+    Sentry's expected times may differ from the lane's fire times."""
+    times = spec.calendar
+    if not isinstance(times, CronFireTimes):
+        return None
+    try:
+        return ZonedCrontab(times)
+    except ValueError:   # a spelling Celery's own parser refuses: keep the interval monitor
+        return None

@@ -347,3 +347,55 @@ def test_schedule_entries_open_crons_check_ins_named_after_the_entry(
     assert opened["status"] == "in_progress"
     assert opened["monitor_config"]["schedule"] == {"type": "crontab", "value": "30 3 * * *"}
     sched.close()
+
+
+# -- calendar lanes in Sentry Crons ------------------------------------------------------------
+
+def test_calendar_lanes_check_in_on_their_own_calendar(sentry_off: None) -> None:
+    """Through sentry-sdk's own beat hook (what ``FairScheduler.apply_entry`` runs): an entry
+    whose schedule is :func:`crons_schedule` opens a check-in, and gives the worker headers to
+    close it with, that name the lane's crontab and its zone (not the app's), so Sentry
+    expects each fire time and marks one schedproj skips for its catch-up window missed."""
+    from datetime import timedelta
+    from types import SimpleNamespace
+
+    from celery import Celery
+    from celery.beat import ScheduleEntry
+    from celery.schedules import schedule as every
+    from sentry_sdk.integrations.celery.beat import _apply_crons_data_to_schedule_entry
+
+    from schedproj.core.lanes import LaneKind, LaneSpec
+    from schedproj.core.schedules import CronFireTimes, OneOffFireTimes, OpaqueFireTimes
+
+    def spec(name: str, calendar: Any = None, cadence_s: float = 86400.0) -> LaneSpec:
+        return LaneSpec(name, f"t.{name}", LaneKind.HEAVY, cadence_s, calendar=calendar,
+                        catchup_window_s=None if calendar is None else 600.0)
+
+    backup = spec("backup", CronFireTimes("30 2 * * mon-fri", "Europe/Berlin"))
+    quarterly = spec("quarterly", CronFireTimes("*/15 * * * *", "America/New_York"), 900.0)
+    sweep = spec("sweep", cadence_s=600.0)
+    # What Sentry cannot express keeps the interval monitor of the nominal period.
+    for other in (sweep, spec("solar", OpaqueFireTimes("celery <solar>")),
+                  spec("once", OneOffFireTimes(1e9))):
+        assert sentry_setup.crons_schedule(other) is None
+    transport = MemoryTransport()
+    assert init_sentry(settings(), "beat", transport=transport)
+    app = Celery("calendar-crons", set_as_current=False)   # the app's zone: UTC
+    integration = sentry_sdk.get_client().get_integration(CeleryIntegration)
+    headers = {}
+    for lane in (backup, quarterly, sweep):
+        schedule = (sentry_setup.crons_schedule(lane)
+                    or every(timedelta(seconds=lane.cadence_s)))
+        entry = ScheduleEntry(name=lane.name, task=lane.task_name, app=app, schedule=schedule,
+                              options={})
+        _apply_crons_data_to_schedule_entry(SimpleNamespace(app=app), entry, integration)
+        headers[lane.name] = entry.options["headers"]["sentry-monitor-config"]
+    sentry_sdk.get_client().flush(timeout=5)
+    configs = {c["monitor_slug"]: c["monitor_config"] for c in transport.of_type("check_in")}
+    assert configs == headers
+    assert configs["backup"] == {"schedule": {"type": "crontab", "value": "30 2 * * mon-fri"},
+                                 "timezone": "Europe/Berlin"}
+    assert configs["quarterly"] == {"schedule": {"type": "crontab", "value": "*/15 * * * *"},
+                                    "timezone": "America/New_York"}
+    assert configs["sweep"] == {"schedule": {"type": "interval", "value": 10, "unit": "minute"},
+                                "timezone": "UTC"}
