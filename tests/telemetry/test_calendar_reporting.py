@@ -272,3 +272,25 @@ def test_lanes_command_shows_schedule_next_fire_and_misses(client: redis.Redis,
     assert text.returncode == 0, text.stderr
     assert "crontab 30 2 * * * Europe/Berlin" in text.stdout
     assert "02:30 CE" in text.stdout   # CET or CEST, whenever the test runs
+
+
+def test_a_calendar_familys_members_show_its_schedule(client: redis.Redis, keys: Keys) -> None:
+    """A family's schedule is stored in the registry as its words, like a lane's, and its
+    members (read from the registry, not the code) show it and their own next fire."""
+    from schedproj.core.families import LaneFamily
+
+    lanes = build_lane_set({"x.tenants": FakeTask(LaneFamily(
+        schedule="0 9 * * mon-fri", timezone="America/New_York", catchup_window_s=900))})
+    client.set(keys.published_lanes, registry_json(lanes, Settings()))
+    client.hset(keys.lanes, "x.tenants[acme]|run", encode(RunRecord(since=NOW - 86400 * 3)))
+    client.sadd(keys.families, "x.tenants")
+    client.sadd(keys.family("x.tenants"), "acme")
+    obs = observe(client, keys, now=NOW)
+    assert obs.problems == [] and obs.families["x.tenants"].calendar is not None
+    status = json.loads(json.dumps(as_json(obs, obs.health(), family="x.tenants")))
+    (member,) = status["lanes"]
+    assert member["name"] == "x.tenants[acme]"
+    assert member["schedule"] == "crontab 0 9 * * mon-fri America/New_York"
+    # Friday noon UTC is 07:00 in New York: the next fire is 09:00 that morning (14:00 UTC).
+    assert member["next_fire_local"] == "2026-12-04T09:00:00-05:00"
+    assert member["next_fire_utc"] == "2026-12-04T14:00:00+00:00"
