@@ -218,10 +218,23 @@ def connect_cluster(url: str, *, socket_timeout_s: float = 10.0,
     failure: the caller's next attempt may come long after the takeover)."""
     hosts, options = parse_cluster_url(url)
     parts = urlsplit(url)
-    tls_given = {k: v for k, v in (tls or {}).items()} if parts.scheme == "rediss+cluster" \
-        else {}
+    tls_given = dict(tls or {}) if parts.scheme == "rediss+cluster" else {}
     tls_given.update({k: v for k, v in options.items() if k in TLS_QUERY_OPTIONS})
-    client = FailoverCluster(
+    try:
+        client = _cluster_client(hosts, parts, tls_given, socket_timeout_s, retry)
+    except redis.exceptions.RedisClusterException as exc:
+        # Unlike redis.Redis, the cluster client connects at once (to read the slot map), and
+        # says it cannot with an exception that is no RedisError: raised as the connection
+        # error it is, every caller that waits out an unreachable Redis waits this out too.
+        raise redis.ConnectionError(str(exc)) from exc
+    # A RedisCluster is no redis.Redis, but answers the commands schedproj sends (every key
+    # of a deployment in one slot); typed as the client every store takes.
+    return client  # type: ignore[return-value]
+
+
+def _cluster_client(hosts: list[tuple[str, int]], parts: Any, tls_given: dict[str, str],
+                    socket_timeout_s: float, retry: bool) -> FailoverCluster:
+    return FailoverCluster(
         startup_nodes=[ClusterNode(host, port)  # type: ignore[no-untyped-call]
                        for host, port in hosts],
         failover_retries=FAILOVER_RETRIES if retry else 0,
@@ -236,9 +249,6 @@ def connect_cluster(url: str, *, socket_timeout_s: float = 10.0,
         # failed, maybe before the replica took over, and would still name the dead master.
         retry=Retry(NoBackoff(), 2 if retry else 1),
         **tls_given)
-    # A RedisCluster is no redis.Redis, but answers the commands schedproj sends (every key
-    # of a deployment in one slot); typed as the client every store takes.
-    return client  # type: ignore[return-value]
 
 
 class FailoverCluster(RedisCluster):

@@ -117,7 +117,9 @@ def test_every_lua_script_touches_only_the_keys_it_is_given() -> None:
     slot moves. So no script may name a key itself: every key a command touches comes from
     ``KEYS`` (directly, or through a helper's parameter that is given a ``KEYS`` entry), and
     one deployment's keys share one hash tag, so all of them are in one slot."""
-    calls = re.compile(r"redis\.p?call\(\s*'(\w+)'\s*,\s*([^,)]+)")
+    # A command, whether called directly, through pcall or through tick_read's try().
+    calls = re.compile(r"(?:redis\.p?call\(|\btry\(|pcall\(redis\.p?call,)\s*'(\w+)'\s*,"
+                       r"\s*([^,)]+)")
     lua = resources.files("schedproj.store").joinpath("lua")
     checked = 0
     for script in sorted(p.name for p in lua.iterdir() if p.name.endswith(".lua")):
@@ -138,10 +140,24 @@ def test_every_lua_script_touches_only_the_keys_it_is_given() -> None:
             if helper_call.group(0).startswith(("due_ok(due", "due_trusted(due",
                                                 "bump_due_stamp(due", "epoch_refusal(key")):
                 continue  # the definition
-            for arg in helper_call.group(2).split(",")[:2]:
-                assert arg.strip().startswith(("KEYS[", "ARGV[")), \
+            for arg in helper_call.group(2).split(",")[:2]:  # (the third is a member)
+                assert arg.strip().startswith("KEYS["), \
                     f"{script}: {helper_call.group(0)} is given a key not from KEYS"
     assert checked > 100  # the pattern still finds the scripts' commands
+
+
+def test_an_unreachable_cluster_is_a_connection_error_said_in_one_line() -> None:
+    """redis-py's cluster client connects when built, and its error is no RedisError: it is
+    raised as a ConnectionError, so beat and workers wait for the cluster as for any Redis."""
+    from schedproj.store.connection import describe_failure
+
+    url = "redis+cluster://sched:secret@127.0.0.1:1"
+    with pytest.raises(redis.ConnectionError) as err:
+        connect(url)
+    line, fatal = describe_failure(url, err.value, "SCHEDPROJ_REDIS_URL")
+    assert not fatal and "secret" not in line
+    assert line.startswith("Redis at redis+cluster://sched:***@127.0.0.1:1 "
+                           "(SCHEDPROJ_REDIS_URL): ") and "127.0.0.1:1" in line
 
 
 # -- the stores on a real cluster ---------------------------------------------------------
