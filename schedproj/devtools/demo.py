@@ -148,14 +148,15 @@ def demo_redis(opts: DemoOptions, say: TextIO) -> Iterator[tuple[str, bool]]:
 
 
 def declare_new_deployment(client: redis.Redis, keys: Keys) -> None:
-    """The demo's own Redis is a new deployment: nothing ever ran on it, so beat grants the
-    first heavy lease at once instead of waiting out a state-loss quarantine.
+    """The demo's deployment is new: its key prefix was made up by this run (a random id), so
+    nothing ever ran under it and beat grants the first heavy lease at once instead of waiting
+    out a state-loss quarantine — on the demo's private Redis and on a shared one alike.
 
-    Only for a Redis the demo started itself. A Redis someone else runs keeps its quarantine
-    even when its database is empty: empty is also what a Redis that just lost its state looks
-    like, and that is when a worker may still run under a lease Redis forgot."""
+    (An empty prefix someone else uses keeps its quarantine: empty is also what a Redis that
+    just lost its state looks like, and that is when a worker may still run under a lease
+    Redis forgot. A prefix no one has used before cannot have such a worker.)"""
     if not LaneStore(client, keys).declare_fresh():
-        raise SchedprojError(f"the demo's private Redis already holds schedproj state under "
+        raise SchedprojError(f"the demo's Redis already holds schedproj state under its new "
                              f"{keys.prefix!r}: not declared a new deployment")
 
 
@@ -232,7 +233,7 @@ def run_demo(opts: DemoOptions, say: TextIO = sys.stderr) -> dict[str, Any]:
         store = MemoryStore(client, prefix)
         if private:
             client.delete("heavy", "light")
-            declare_new_deployment(client, keys)
+        declare_new_deployment(client, keys)
         seeded_at = time.time()
         initial = counts_dict(seed_forensic(
             store, long_sessions=opts.long_sessions, long_turns=opts.long_turns,
