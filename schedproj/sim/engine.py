@@ -436,7 +436,7 @@ class Simulation:
         if self.planning is Planning.FULL:
             return not any(rt.has_backlog() for rt in self.enabled)
         # A lane's backlog changes only with a change the index hears of.
-        maybe = self.backlogged | self.index.dirty
+        maybe = self.backlogged | self.index.dirty | self.always
         return not any(self.by_name[name].has_backlog() for name in maybe)
 
     def _decide(self, t: float, observe_only: bool = False) -> Decision:
@@ -510,7 +510,8 @@ class Simulation:
         if self.planning is Planning.FULL:
             return wait
         index = self.index
-        for name in index.dirty.union(plan.states):
+        # Lanes planned always need no filing: the plan's own next_due_in_s covers them.
+        for name in index.dirty.union(plan.states).difference(self.always):
             self._file(self.by_name[name], t)
         index.dirty.clear()
         wake = index.next_wake()
