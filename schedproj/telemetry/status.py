@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from schedproj.core.families import FamilyStats, fold, split_member
-from schedproj.core.health import Health
+from schedproj.core.health import MISSED_IN_A_ROW, Health
 from schedproj.telemetry.entries_view import EntriesView
 from schedproj.telemetry.observe import Observation
 
@@ -116,11 +116,14 @@ def schedule_words(lane: Mapping[str, Any]) -> str:
 
 
 def missed_words(lane: Mapping[str, Any]) -> str:
-    """How many fire times a calendar lane missed (``2 in a row`` while it is missing)."""
+    """How many fire times a calendar lane missed, in all (``4 (the last 2 in a row)`` while
+    its latest ones were missed in a row: counted up to ``health.MISSED_IN_A_ROW``)."""
     if lane.get("schedule") is None:
         return "-"
-    missed, row = lane.get("missed") or 0, lane.get("missed_in_a_row") or 0
-    return f"{missed} ({row} in a row)" if row >= 2 else str(missed)
+    missed, row = lane.get("missed"), lane.get("missed_in_a_row") or 0
+    if missed is None:
+        return "unknown"   # `schedproj lanes` without Redis
+    return f"{missed} (the last {row} in a row)" if row >= MISSED_IN_A_ROW else str(missed)
 
 
 def undeclared_lanes(obs: Observation) -> list[str]:

@@ -184,7 +184,7 @@ def test_status_json_and_text_show_schedule_next_fire_and_misses(client: redis.R
     text = console.export_text()
     assert "crontab 30 2 * * * Europe/Berlin" in text
     assert "in 13.5h — Sat 05 Dec 02:30 CET (01:30 UTC)" in text
-    assert "4 (2 in a row)" in text
+    assert "4 (the last 2 in a row)" in text
     assert "(due index)" in text
     assert "MISSED FIRE TIMES" in text and "x.backup (missed 4 in all" in text
     assert "│ 60s " in text   # the cadence lane's cadence, as before
@@ -199,7 +199,7 @@ def test_the_status_page_shows_them_too(client: redis.Redis, keys: Keys) -> None
     backup = dict(zip(columns, rows["x.backup"], strict=True))
     assert backup["cadence / schedule"] == "crontab 30 2 * * * Europe/Berlin"
     assert backup["next fire"] == "in 13.5h — Sat 05 Dec 02:30 CET (01:30 UTC)"
-    assert backup["missed"] == "4 (2 in a row)"
+    assert backup["missed"] == "4 (the last 2 in a row)"
     sweep = dict(zip(columns, rows["x.sweep"], strict=True))
     assert (sweep["cadence / schedule"], sweep["next fire"], sweep["missed"]) == (
         "60s", "-", "-")
