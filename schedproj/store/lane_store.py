@@ -203,12 +203,15 @@ class LaneStore:
     def _snapshot_pipeline(self, beat_token: str, lock_ttl_s: float,
                            quarantine_s: float) -> list[Any]:
         # EVALSHA directly: a pipeline holding a registered Script first sends its own
-        # SCRIPT EXISTS, which would cost a second round trip on every tick.
+        # SCRIPT EXISTS, which would cost a second round trip on every tick. Sent as a plain
+        # command: redis-py's cluster pipeline blocks its evalsha method, not the command.
         pipe = self.client.pipeline(transaction=False)
-        pipe.evalsha(self._lock.sha, 2, self.keys.beat_lock, self.keys.beat_fence,
-                     beat_token, int(lock_ttl_s * 1000))
-        pipe.evalsha(self._epoch.sha, 2, self.keys.epoch, self.keys.beat_fence,
-                     int(quarantine_s * 1000), uuid.uuid4().hex, EPOCH_VERSION)
+        pipe.execute_command(  # type: ignore[no-untyped-call]
+            "EVALSHA", self._lock.sha, 2, self.keys.beat_lock, self.keys.beat_fence,
+            beat_token, int(lock_ttl_s * 1000))
+        pipe.execute_command(  # type: ignore[no-untyped-call]
+            "EVALSHA", self._epoch.sha, 2, self.keys.epoch,
+            self.keys.beat_fence, int(quarantine_s * 1000), uuid.uuid4().hex, EPOCH_VERSION)
         pipe.hgetall(self.keys.lanes)
         pipe.get(self.keys.lease)
         pipe.smembers(self.keys.paused)
