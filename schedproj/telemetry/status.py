@@ -188,7 +188,8 @@ def as_json(obs: Observation, health: Health, family: str | None = None) -> dict
         "lease_over_cap": health.lease_over_cap,
         "lanes": [lane_json(obs, h) for h in shown_lanes(obs, health, family)],
         "families": [{**asdict(f), "max_ratio": None if math.isinf(f.max_ratio)
-                      else f.max_ratio} for f in families_folded(obs, health)],
+                      else f.max_ratio, "schedule": family_schedule(obs, f.family)}
+                     for f in families_folded(obs, health)],
         "beat": {**obs.beat, "lock_held": obs.beat_lock_held},
         "watchdog": obs.watchdog,
         "errors": obs.errors,
@@ -241,14 +242,23 @@ def pressure_lines(obs: Observation) -> list[str]:
     return lines
 
 
+def family_schedule(obs: Observation, family: str) -> str | None:
+    """A calendar family's schedule in words (None: a cadence family)."""
+    spec = obs.families.get(family)
+    return None if spec is None or spec.calendar is None else spec.calendar.text
+
+
 def _family_table(obs: Observation, health: Health) -> Table:
     table = Table(title="lane families (schedproj status --family NAME lists the members)")
-    for col in ("family", "kind", "members", "due", "deferred", "running", "max ratio",
-                "worst member"):
-        table.add_column(col, no_wrap=col in ("family", "worst member"))
+    for col in ("family", "kind", "cadence / schedule", "members", "due", "deferred",
+                "running", "max ratio", "worst member"):
+        table.add_column(col, no_wrap=col in ("family", "cadence / schedule", "worst member"))
     for f in families_folded(obs, health):
-        table.add_row(*map(cell, (f.family, f.kind, f.members, f.due, f.deferred, f.running,
-                                  _ratio(f.max_ratio) if f.worst else "-", f.worst or "-")))
+        spec = obs.families[f.family]
+        table.add_row(*map(cell, (f.family, f.kind, family_schedule(obs, f.family)
+                                  or _duration(spec.cadence_s), f.members, f.due, f.deferred,
+                                  f.running, _ratio(f.max_ratio) if f.worst else "-",
+                                  f.worst or "-")))
     return table
 
 

@@ -294,3 +294,11 @@ def test_a_calendar_familys_members_show_its_schedule(client: redis.Redis, keys:
     # Friday noon UTC is 07:00 in New York: the next fire is 09:00 that morning (14:00 UTC).
     assert member["next_fire_local"] == "2026-12-04T09:00:00-05:00"
     assert member["next_fire_utc"] == "2026-12-04T14:00:00+00:00"
+    # Folded, the family shows its schedule too.
+    folded = json.loads(json.dumps(as_json(obs, obs.health())))
+    (row,) = folded["families"]
+    assert row["family"] == "x.tenants"
+    assert row["schedule"] == "crontab 0 9 * * mon-fri America/New_York"
+    console = Console(width=250, record=True)
+    console.print(render(obs, obs.health()))
+    assert "crontab 0 9 * * mon-fri America/New_York" in console.export_text()
