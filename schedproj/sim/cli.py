@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +69,22 @@ def _demands(values: tuple[str, ...]) -> list[float]:
     return hs
 
 
+def _plannings() -> list[Any]:
+    from schedproj.sim.index import Planning
+
+    return list(Planning)
+
+
+def _progress(wanted: bool | None, runs: int) -> Any:
+    """A :class:`~schedproj.sim.progress.Progress` on stderr, or None when not wanted."""
+    from schedproj.sim.progress import Progress
+
+    live = sys.stderr.isatty()
+    if not (live if wanted is None else wanted):
+        return None
+    return Progress(sys.stderr, runs, live=live)
+
+
 def _variant_labels() -> list[str]:
     from schedproj.sim.model import VARIANTS
 
@@ -130,6 +145,16 @@ def _variant_labels() -> list[str]:
 @click.option("--jobs", type=click.IntRange(1), default=None,
               help="Processes for the random sweep (default up to 2).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@click.option("--progress/--no-progress", default=None,
+              help="Say on stderr how far a forensic, trace or family run got and about how "
+                   "long it has left (default: when stderr is a terminal). Never on stdout, "
+                   "so --json stays clean.")
+@click.option("--planning", type=click.Choice([p.value for p in _plannings()]),
+              default="index", show_default=True,
+              help="Which lanes a decision plans, with the same output either way: index "
+                   "(those beat's due index names), full (every lane, as before the index: "
+                   "slow) or check (both, compared at every decision: slow). Forensic, trace "
+                   "and family scenarios.")
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Write PNG plots into this directory (needs matplotlib).")
 @click.option("--dump-trace", type=click.Path(dir_okay=False, path_type=Path),
@@ -141,7 +166,8 @@ def simulate(scenario: str, trace_path: Path | None, hs: tuple[str, ...], seed: 
              pressure: bool | None, pressure_target: float | None, min_hold: float | None,
              heavy_lanes: int, variants: tuple[str, ...], fail_prob: float | None,
              no_wake: bool, jobs: int | None, as_json: bool, plot_dir: Path | None,
-             dump_trace: Path | None, members: int) -> None:
+             dump_trace: Path | None, members: int, progress: bool | None,
+             planning: str) -> None:
     """Simulate the scheduler in virtual time: the project's own pipeline and picker, a model
     of run durations, backlog, yields, gates and failures; four policy variants side by side
     (staleness or legacy registry picker, with or without the light-lane second pass)."""
@@ -155,9 +181,12 @@ def simulate(scenario: str, trace_path: Path | None, hs: tuple[str, ...], seed: 
     own_rule = pressure is None and pressure_target is None and min_hold is None
     if cadence_range is not None and scenario not in ("random", "mixed"):
         raise click.UsageError("--cadence-range applies to --scenario random or mixed")
+    if planning != "index" and scenario in ("random", "mixed"):
+        raise click.UsageError("--planning applies to --scenario forensic, trace or family")
     try:
         if scenario == "family":
-            _family(members, _demands(hs), seed, horizon, tick, as_json, rule)
+            _family(members, _demands(hs), seed, horizon, tick, as_json, rule,
+                    _progress(progress, 1), planning)
             return
         if scenario == "mixed":
             _mixed(_demands(hs), seed, horizon, tick, hold_cap, sets, cadence_range, rule,
@@ -172,13 +201,15 @@ def simulate(scenario: str, trace_path: Path | None, hs: tuple[str, ...], seed: 
             if hs:
                 raise click.UsageError("--H applies to --scenario random or mixed")
             _single(scenario, trace_path, seed, horizon, tick, hold_cap, chosen, fail_prob,
-                    no_wake, as_json, plot_dir, dump_trace, rule, own_rule)
+                    no_wake, as_json, plot_dir, dump_trace, rule, own_rule,
+                    _progress(progress, len(chosen or _variant_labels())), planning)
     except SchedprojError as exc:
         raise click.ClickException(str(exc)) from None
 
 
 def _family(members: int, hs: list[float], seed: int, horizon: float | None,
-            tick: float | None, as_json: bool, rule: Any = None) -> None:
+            tick: float | None, as_json: bool, rule: Any = None, progress: Any = None,
+            planning: str = "index") -> None:
     """The family scenario, staleness picker with the second pass: its metrics and the
     family's report (members' maximal ratios, Jain over members, the REM chain drained)."""
     from dataclasses import asdict
@@ -193,16 +224,10 @@ def _family(members: int, hs: list[float], seed: int, horizon: float | None,
         raise click.UsageError("--scenario family takes one --H")
     s = family_rem(members, hs[0] if hs else 0.9, pressure=rule)
     s = s.with_(**_overrides(horizon, tick, None, False))
-    started = time.monotonic()
-
-    def progress(done_s: float, horizon_s: float) -> None:
-        # Minutes of CPU for a 1,000-member day: say how far it got (stderr: --json stays
-        # clean on stdout).
-        click.echo(f"simulated {done_s / 3600:.1f} of {horizon_s / 3600:g} virtual hours "
-                   f"({100 * done_s / horizon_s:.0f} %) in {time.monotonic() - started:.0f} s",
-                   err=True)
-
-    simulated = run(s, Variant.parse("staleness+pass"), seed, progress)
+    simulated = run(s, Variant.parse("staleness+pass"), seed,
+                    progress.start() if progress is not None else None, planning)
+    if progress is not None:
+        progress.done()
     metrics = summarize(simulated)
     report = family_report(metrics, simulated)
     out = {"scenario": s.name, "description": s.description, "params": s.params,
@@ -251,7 +276,8 @@ def _overrides(horizon: float | None, tick: float | None, hold_cap: float | None
 def _single(scenario: str, trace_path: Path | None, seed: int, horizon: float | None,
             tick: float | None, hold_cap: float | None, chosen: Any, fail_prob: float | None,
             no_wake: bool, as_json: bool, plot_dir: Path | None,
-            dump_trace: Path | None, rule: Any, own_rule: bool) -> None:
+            dump_trace: Path | None, rule: Any, own_rule: bool, progress: Any = None,
+            planning: str = "index") -> None:
     from schedproj.sim.model import VARIANTS
     from schedproj.sim.report import compare, comparison_tables, print_tables
     from schedproj.sim.scenarios import forensic
@@ -269,7 +295,7 @@ def _single(scenario: str, trace_path: Path | None, seed: int, horizon: float | 
         dump_trace.write_text(json.dumps(scenario_to_trace(s), indent=2) + "\n",
                               encoding="utf-8")
         click.echo(f"wrote {dump_trace}", err=True)
-    c = compare(s, seed, chosen or VARIANTS)
+    c = compare(s, seed, chosen or VARIANTS, progress=progress, planning=planning)
     if as_json:
         click.echo(json.dumps(c.as_dict(), indent=2))
     else:

@@ -355,9 +355,9 @@ class Simulation:
     # -- main loop ------------------------------------------------------------------------------
     def run(self, progress: Callable[[float, float], None] | None = None) -> SimRun:
         """Simulate to the horizon. ``progress(virtual seconds done, horizon)`` is called
-        about every 5 % of the horizon, for runs long enough to want it."""
+        about every 1 % of the horizon, for runs long enough to want it."""
         horizon = self.s.horizon_s
-        step = horizon / 20
+        step = horizon / 100
         next_report = step
         self._decide(0.0)
         while True:

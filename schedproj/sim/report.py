@@ -15,8 +15,10 @@ from rich.table import Table
 
 from schedproj.core.pressure import PressureRule
 from schedproj.sim.engine import SimRun, simulate
+from schedproj.sim.index import Planning
 from schedproj.sim.metrics import LowerBound, Metrics, json_dict, lower_bound, summarize
 from schedproj.sim.model import VARIANTS, Scenario, Variant
+from schedproj.sim.progress import Progress
 from schedproj.sim.scenarios import random_lanes
 
 
@@ -54,10 +56,17 @@ def scenario_dict(s: Scenario) -> dict[str, Any]:
 
 
 def compare(scenario: Scenario, seed: int | str = 1,
-            variants: Sequence[Variant] = VARIANTS) -> Comparison:
-    """Simulate ``scenario`` under each variant with the same seed."""
+            variants: Sequence[Variant] = VARIANTS, *, progress: Progress | None = None,
+            planning: Planning | str = Planning.INDEX) -> Comparison:
+    """Simulate ``scenario`` under each variant with the same seed (``progress``: say how
+    far it got; ``planning``: which lanes a decision plans, the same output either way)."""
     bound = lower_bound(scenario, seed)
-    runs = {v.label: simulate(scenario, v, seed) for v in variants}
+    runs = {v.label: simulate(scenario, v, seed,
+                              progress.start(v.label) if progress is not None else None,
+                              planning)
+            for v in variants}
+    if progress is not None:
+        progress.done()
     return Comparison(scenario=scenario, seed=str(seed), bound=bound,
                       metrics=tuple(summarize(r, bound) for r in runs.values()), runs=runs)
 
