@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import time
 import uuid
 from collections.abc import Iterator
@@ -375,3 +376,61 @@ def test_failover_of_the_slots_master_under_a_running_heavy_lane(
 def starts(state: redis.Redis) -> list[dict]:
     """The e2e.long starts the state Redis holds (those before a failover may be lost)."""
     return [json.loads(x) for x in state.lrange(f"{PREFIX}:e2e:started", 0, -1)]
+
+
+# -- more of the end-to-end core on a cluster (slow: the default run has the two above) -----
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_second_beat_stands_by_then_takes_over_on_a_cluster(
+        loopback_cluster: LoopbackCluster, broker: redis.Redis, tmp_path: Path) -> None:
+    c = loopback_cluster
+    state = connect(c.url)
+    assert LaneStore(state, KEYS).declare_fresh()
+    procs = processes(tmp_path, c, "fairness")
+    try:
+        procs.worker("light1", "light")
+        procs.worker("heavy1", "heavy")
+        first = procs.beat("beat1")
+        second = procs.beat("beat2", wait_active=False)
+        time.sleep(4)
+        assert ": active" not in second.text()
+        assert "dispatch:" not in second.text(), "the standby beat dispatched"
+        assert "dispatch:" in first.text()
+        first.signal(signal.SIGKILL)
+        killed_at = time.time()
+        wait_for(lambda: ": active" in second.text(), 10, "standby beat takes over")
+        assert time.time() - killed_at < 3 + 2, "takeover slower than the 3 s lock TTL allows"
+        wait_for(lambda: any(x["lane"] == "e2e.light" and x["start"] > killed_at + 1
+                             for x in runs(state)), 10, "light lane runs again after takeover")
+    finally:
+        procs.stop_all()
+    assert_no_overlap(heavy_runs(state))
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_killed_heavy_worker_frees_the_lease_on_a_cluster(
+        loopback_cluster: LoopbackCluster, broker: redis.Redis, tmp_path: Path) -> None:
+    c = loopback_cluster
+    state = connect(c.url)
+    assert LaneStore(state, KEYS).declare_fresh()
+    procs = processes(tmp_path, c, "slow", SCHEDPROJ_HOLD_CAP_S="60")
+    try:
+        victim = procs.worker("heavy1", "heavy")
+        procs.beat("beat1")
+        wait_for(lambda: state.llen(f"{PREFIX}:e2e:started") >= 1, 20, "e2e.long started")
+        first = starts(state)[0]
+        victim.signal(signal.SIGKILL)
+        killed_at = time.time()
+        wait_for(lambda: not state.exists(KEYS.lease)
+                 or json.loads(str(state.get(KEYS.lease) or "{}")).get("fence", 0)
+                 > first["fence"], 2 + 1.5, "the dead worker's lease to free itself")
+        assert time.time() - killed_at <= 2 + 1.0
+        procs.worker("heavy2", "heavy")
+        wait_for(lambda: len(starts(state)) >= 2, 20, "the lane runs again on a live worker")
+    finally:
+        procs.stop_all()
+    assert starts(state)[1]["fence"] > first["fence"]
