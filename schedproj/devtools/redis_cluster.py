@@ -28,6 +28,7 @@ import signal
 import socket
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,9 @@ class LoopbackCluster:
     nodes: dict[int, RedisServer] = field(default_factory=dict)
     #: Masters whose replica :meth:`lock_out_replica` keeps out.
     locked: set[int] = field(default_factory=set)
+    #: (CA, certificate, key) PEM files: every node then speaks TLS only, to clients, to its
+    #: replicas and on the cluster bus (``rediss+cluster://`` URLs).
+    tls: tuple[Path, Path, Path] | None = None
 
     def __post_init__(self) -> None:
         redis_server_binary()  # fail before starting anything when there is none
@@ -93,13 +97,23 @@ class LoopbackCluster:
         from it)."""
         return self.url_of(*self.ports)
 
-    @staticmethod
-    def url_of(*ports: int, user: tuple[str, str] | None = None) -> str:
+    def url_of(self, *ports: int, user: tuple[str, str] | None = None) -> str:
         """A URL naming only these nodes, as a managed service's one configuration endpoint
         (the client asks the first that answers for the slot map), logging in as ``user``
-        (name, password) if given."""
+        (name, password) if given; with TLS, ``rediss+cluster://`` trusting the test CA."""
         login = f"{user[0]}:{user[1]}@" if user else ""
-        return f"redis+cluster://{login}" + ",".join(f"127.0.0.1:{p}" for p in ports)
+        scheme, query = ("rediss+cluster", f"?ssl_ca_certs={self.tls[0]}") if self.tls \
+            else ("redis+cluster", "")
+        return f"{scheme}://{login}" + ",".join(f"127.0.0.1:{p}" for p in ports) + query
+
+    def _tls_args(self) -> tuple[str, ...]:
+        if self.tls is None:
+            return ()
+        ca, cert, key = self.tls
+        # --port 0 after RedisServer's own --port: the last one counts, so no plain port.
+        return ("--port", "0", "--tls-port", "{port}", "--tls-cluster", "yes",
+                "--tls-replication", "yes", "--tls-ca-cert-file", str(ca), "--tls-cert-file",
+                str(cert), "--tls-key-file", str(key), "--tls-auth-clients", "no")
 
     def start(self, timeout_s: float = 30.0) -> None:
         taken: set[int] = set()
@@ -115,11 +129,15 @@ class LoopbackCluster:
                 "--cluster-replica-validity-factor", "0",
                 # A replica's first sync starts at once, not after Redis's 5 s wait for
                 # more replicas to share it.
-                "--repl-diskless-sync-delay", "0"))
+                "--repl-diskless-sync-delay", "0",
+                *(a.replace("{port}", str(port)) for a in self._tls_args())))
         for node in self.nodes.values():
             node.launch()
-        for node in self.nodes.values():
-            node.wait_answering(timeout_s)
+        for port in self.nodes:
+            # RedisServer's own wait asks the plain port, which a TLS node does not open.
+            if not wait_until(partial(self._pings_or_died, port), timeout_s, poll_s=0.05) \
+                    or not self.nodes[port].alive():
+                raise ConfigurationError(f"the cluster node on port {port} did not start")
         self._join(timeout_s)
         if not wait_until(self.healthy, timeout_s, poll_s=0.1):
             raise ConfigurationError("the loopback cluster did not converge: "
@@ -163,9 +181,19 @@ class LoopbackCluster:
 
     def client(self, port: int) -> redis.Redis:
         """A plain client of one node (no redirections followed)."""
+        tls: dict[str, Any] = {} if self.tls is None else {
+            "ssl": True, "ssl_ca_certs": str(self.tls[0])}
         return redis.Redis(host="127.0.0.1", port=port, decode_responses=True,
                            password=LOCKOUT if port in self.locked else None,
-                           socket_timeout=2, socket_connect_timeout=2)
+                           socket_timeout=2, socket_connect_timeout=2, **tls)
+
+    def _pings_or_died(self, port: int) -> bool:
+        if not self.nodes[port].alive():
+            return True
+        try:
+            return bool(self.client(port).ping())
+        except (redis.RedisError, OSError):
+            return False
 
     def command(self, port: int, *args: str | int) -> Any:
         """One command sent to one node (``CLUSTER ...``, which redis-py has no typed call

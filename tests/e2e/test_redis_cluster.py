@@ -224,6 +224,39 @@ def _answers(client: redis.Redis) -> bool:
         return False
 
 
+@pytest.mark.timeout(60)
+def test_a_tls_cluster_is_reached_with_the_settings_ca_and_refused_without(
+        tmp_path: Path) -> None:
+    """``rediss+cluster://``: every node TLS-only (clients, replication, cluster bus); the
+    CA from SCHEDPROJ_REDIS_SSL_CA_CERTS is trusted, and without it the failure is said in
+    one line that names the fix and stops the process (retrying cannot cure it)."""
+    from schedproj.store.connection import describe_failure
+    from tests.tls_redis import make_certs
+
+    certs = make_certs(tmp_path / "certs")
+    c = LoopbackCluster(tmp_path / "cluster", tls=(certs.ca, certs.cert, certs.key))
+    try:
+        c.start()
+        url = c.url.partition("?")[0]  # no ?ssl_ca_certs=: the setting names the CA
+        assert url.startswith("rediss+cluster://")
+        settings = Settings.load(redis_url=url, broker_url="redis://127.0.0.1:1/0",
+                                 redis_ssl_ca_certs=str(certs.ca))
+        client = connect(settings.state_redis_url, tls=settings.redis_tls)
+        keys = Keys(settings.key_prefix)
+        assert keys.prefix == "{schedproj}"
+        store, lease = LaneStore(client, keys), HeavyLease(client, keys)
+        assert store.declare_fresh()
+        beat = uuid.uuid4().hex
+        assert store.tick_snapshot(beat, 30.0, 5.0, cursor=None, now=time.time()).lock.held
+        assert lease.acquire("summary", "token", 30.0, time.time(), beat_token=beat).granted
+        with pytest.raises(redis.ConnectionError) as err:
+            connect(url)  # the system's CAs do not know the test CA
+        line, fatal = describe_failure(url, err.value, "SCHEDPROJ_REDIS_URL")
+        assert fatal and "not trusted" in line and "Fix: set SCHEDPROJ_REDIS_SSL_CA_CERTS" in line
+    finally:
+        c.stop()
+
+
 # -- real beat and workers on the cluster -------------------------------------------------
 
 @pytest.fixture
