@@ -161,6 +161,33 @@ def test_an_unreachable_cluster_is_a_connection_error_said_in_one_line() -> None
                            "(SCHEDPROJ_REDIS_URL): ") and "127.0.0.1:1" in line
 
 
+def test_what_redis_does_with_a_key_a_script_was_not_given(
+        loopback_cluster: LoopbackCluster) -> None:
+    """Why the rule above: the facts docs/cluster.md states, as this Redis shows them. A key
+    of the given key's slot passes undeclared; one of a slot another node serves is refused;
+    one of another slot on the same node passes, unless the script has a ``#!lua`` line."""
+    c = loopback_cluster
+    given = "{e2e}:given"
+    master = c.master_of(given)
+    assert master is not None
+    same_node = next(k for k in (f"{{k{i}}}" for i in range(10_000))
+                     if c.master_of(k) == master and c.slot_of(k) != c.slot_of(given))
+    other_node = next(k for k in (f"{{k{i}}}" for i in range(10_000))
+                      if c.master_of(k) not in (master, None))
+
+    def touch(key: str, shebang: bool = False) -> str:
+        script = ("#!lua\n" if shebang else "") + f"redis.call('SET', '{key}', 1) return 'ok'"
+        try:
+            return str(c.command(master, "EVAL", script, 1, given))
+        except redis.ResponseError as exc:
+            return str(exc)
+
+    assert touch("{e2e}:undeclared") == "ok"
+    assert "non local key" in touch(other_node)
+    assert touch(same_node) == "ok"
+    assert "do not hash to the same slot" in touch(same_node, shebang=True)
+
+
 # -- the stores on a real cluster ---------------------------------------------------------
 
 @pytest.mark.timeout(90)
