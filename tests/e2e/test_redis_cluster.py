@@ -244,6 +244,35 @@ def test_failover_to_a_lagging_replica_quarantines_and_the_holder_reasserts(
     assert current.fence == grant.fence
 
 
+@pytest.mark.timeout(60)
+def test_a_graceful_failover_loses_nothing_and_still_quarantines_once(
+        loopback_cluster: LoopbackCluster) -> None:
+    """``CLUSTER FAILOVER`` (planned maintenance): the replica catches up first, so the
+    lease survives and its holder just renews; the client follows the MOVED redirection; beat
+    quarantines once all the same (another server process holds the state now)."""
+    c = loopback_cluster
+    client = connect(c.url)
+    keys = Keys(cluster_key_prefix(f"g-{uuid.uuid4().hex[:8]}"))
+    store, lease = LaneStore(client, keys), HeavyLease(client, keys)
+    assert store.declare_fresh()
+    beat = uuid.uuid4().hex
+    assert store.tick_snapshot(beat, 30.0, 5.0, cursor=None, now=time.time()).lock.held
+    grant = lease.acquire("summary", "holder-token", 30.0, time.time(), task_id="t1",
+                          beat_token=beat)
+    assert grant.granted
+    master = c.master_of(keys.lease)
+    replica = c.replica_of(master) if master else None
+    assert master and replica, c.describe()
+    c.manual_failover(replica)
+    assert c.wait_promoted(master, keys.lease, 30) == replica, c.describe()
+    current = lease.read()  # through the old master's MOVED
+    assert current is not None and current.fence == grant.fence
+    assert lease.renew("holder-token", 30.0, time.time(), 3600.0) == (True, "")
+    after = store.tick_snapshot(beat, 30.0, 5.0, cursor=None, now=time.time())
+    assert after.lock.held and after.epoch.cause == "server-changed"
+    assert after.epoch.quarantine_left_s > 0
+
+
 def _answers(client: redis.Redis) -> bool:
     try:
         return bool(client.ping())
