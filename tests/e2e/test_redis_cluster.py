@@ -57,7 +57,20 @@ KEYS = Keys(PREFIX)
 
 @pytest.fixture
 def loopback_cluster(tmp_path: Path) -> Iterator[LoopbackCluster]:
+    """A cluster of the test's own (its failover leaves a master gone)."""
     c = LoopbackCluster(tmp_path / "cluster")
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackCluster]:
+    """One cluster for the tests that leave it whole (a graceful failover does: every slot
+    still has a master and a replica), each under prefixes of its own."""
+    c = LoopbackCluster(tmp_path_factory.mktemp("shared-cluster"))
     try:
         c.start()
         yield c
@@ -162,12 +175,12 @@ def test_an_unreachable_cluster_is_a_connection_error_said_in_one_line() -> None
 
 
 def test_what_redis_does_with_a_key_a_script_was_not_given(
-        loopback_cluster: LoopbackCluster) -> None:
+        shared_cluster: LoopbackCluster) -> None:
     """Why the rule above: the facts docs/cluster.md states, as this Redis shows them. A key
     of the given key's slot passes undeclared; one of a slot another node serves is refused;
     one of another slot on the same node passes, unless the script has a ``#!lua`` line."""
-    c = loopback_cluster
-    given = "{e2e}:given"
+    c = shared_cluster
+    given = "{facts}:given"
     master = c.master_of(given)
     assert master is not None
     same_node = next(k for k in (f"{{k{i}}}" for i in range(10_000))
@@ -182,7 +195,7 @@ def test_what_redis_does_with_a_key_a_script_was_not_given(
         except redis.ResponseError as exc:
             return str(exc)
 
-    assert touch("{e2e}:undeclared") == "ok"
+    assert touch("{facts}:undeclared") == "ok"
     assert "non local key" in touch(other_node)
     assert touch(same_node) == "ok"
     assert "do not hash to the same slot" in touch(same_node, shebang=True)
@@ -246,11 +259,11 @@ def test_failover_to_a_lagging_replica_quarantines_and_the_holder_reasserts(
 
 @pytest.mark.timeout(60)
 def test_a_graceful_failover_loses_nothing_and_still_quarantines_once(
-        loopback_cluster: LoopbackCluster) -> None:
+        shared_cluster: LoopbackCluster) -> None:
     """``CLUSTER FAILOVER`` (planned maintenance): the replica catches up first, so the
     lease survives and its holder just renews; the client follows the MOVED redirection; beat
     quarantines once all the same (another server process holds the state now)."""
-    c = loopback_cluster
+    c = shared_cluster
     client = connect(c.url)
     keys = Keys(cluster_key_prefix(f"g-{uuid.uuid4().hex[:8]}"))
     store, lease = LaneStore(client, keys), HeavyLease(client, keys)
@@ -355,13 +368,13 @@ def assert_no_overlap(intervals: list[dict]) -> None:
 
 @pytest.mark.e2e
 @pytest.mark.timeout(120)
-def test_fair_sharing_and_light_lanes_on_a_cluster(loopback_cluster: LoopbackCluster,
+def test_fair_sharing_and_light_lanes_on_a_cluster(shared_cluster: LoopbackCluster,
                                                     broker: redis.Redis,
                                                     tmp_path: Path) -> None:
     """The end-to-end core on a cluster: a backlog lane yields at the hold cap, the starved
     lane wins next, heavy runs never overlap, the light lane keeps its cadence while heavy
     lanes hold the lease; all state is on the slot's master."""
-    c = loopback_cluster
+    c = shared_cluster
     state = connect(c.url)
     state.set(f"{PREFIX}:e2e:backlog", 40)  # 40 items x 0.1 s = 4 s of heavy work, cap 1.5 s
     procs = processes(tmp_path, c, "fairness")
