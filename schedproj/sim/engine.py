@@ -321,6 +321,8 @@ class Simulation:
         self.gated = [rt for rt in self.enabled if rt.spec.gates]
         #: Heavy lanes due and not started: when each became due (``_Lane.due_since``).
         self.heavy_due: dict[str, float] = {}
+        #: The same as a heap (stale entries dropped when they come up): the earliest in O(1).
+        self.heavy_due_heap: list[tuple[float, str]] = []
         #: Lanes with backlog as last filed (with the dirty ones: every lane that may have).
         self.backlogged: set[str] = set()
         if self.planning is Planning.FULL:
@@ -423,6 +425,7 @@ class Simulation:
                     rt.due_since = rt.onset(t)
                     if rt.heavy:
                         self.heavy_due[name] = rt.due_since
+                        heapq.heappush(self.heavy_due_heap, (rt.due_since, name))
             elif rt.due_since is not None:  # stopped being due without running
                 rt.trace.starvation.append(t - rt.due_since)
                 rt.due_since = None
@@ -636,7 +639,7 @@ class Simulation:
     def _start_heavy(self, rt: _Lane, task_id: str, t: float) -> None:
         # Work conservation: how long the lease sat free while some heavy lane was due.
         dues = ([x.due_since for x in self.enabled if x.heavy and x.due_since is not None]
-                if self.planning is Planning.FULL else list(self.heavy_due.values()))
+                if self.planning is Planning.FULL else self._earliest_heavy_due())
         if dues:
             self.idle_due_s += max(0.0, t - max(self.lease_free_since, min(dues)))
         ratio = (t - rt.origin) / rt.cadence if rt.origin is not None else 0.0
@@ -657,6 +660,13 @@ class Simulation:
         rt.started += 1
         self.startup_s += rt.dur.run(run.index)
         self._schedule_step(run, t, rt.dur.run(run.index))
+
+    def _earliest_heavy_due(self) -> list[float]:
+        """[When the heavy lane due longest became due], or [] if none is due."""
+        heap, due = self.heavy_due_heap, self.heavy_due
+        while heap and due.get(heap[0][1]) != heap[0][0]:
+            heapq.heappop(heap)
+        return [heap[0][0]] if heap else []
 
     def _seen_pressure(self, run: _HeavyRun, t: float) -> Pressure | None:
         """The pressure the holder knows at ``t``: what beat had published by the holder's
