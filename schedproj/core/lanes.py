@@ -19,6 +19,7 @@ from typing import Any
 
 from schedproj.core import defaults
 from schedproj.core.errors import LaneDeclarationError
+from schedproj.core.pools import DEFAULT_POOL, pool_name_problem
 from schedproj.core.schedules import FireTimes
 
 
@@ -165,6 +166,16 @@ class Lane:
     retry_after_failure_s: float | None = None
     #: Retries are made while the first failure of the streak is at most this old (seconds).
     retry_window_s: float | None = None
+    #: The pool a heavy lane runs in (:class:`schedproj.core.pools.Pool`); None: the default
+    #: pool ``heavy`` of one slot, the one heavy lease. Core only so far: beat does not yet
+    #: serve pools beyond the default (see the Pools page).
+    pool: str | None = None
+    #: Scales the lane's staleness ratio in the ranking among heavy lanes (a weight-2 lane at
+    #: ratio 1.5 outranks a weight-1 lane at 2.5); never changes when the lane is due. > 0.
+    weight: float = 1.0
+    #: How many slots of its pool a heavy lane takes at once (a job needing both GPUs: 2);
+    #: at most the pool's slot count (the default pool has one).
+    slots: int = 1
     #: The lane's name (default: the Celery task's name).
     name: str | None = None
 
@@ -265,6 +276,7 @@ class Lane:
                     f"pass {flag}=True or leave it out",
                 )
         self._check_retry(lane)
+        self._check_pool(lane)
         if self.schedule is None and (self.timezone is not None
                                       or self.catchup_window_s is not None):
             raise LaneDeclarationError(
@@ -285,6 +297,42 @@ class Lane:
             raise LaneDeclarationError(
                 lane, "due_check is not callable", "pass a function returning the backlog"
             )
+
+    def _check_pool(self, lane: str) -> None:
+        """The pool options on their own; that the pool is declared and has the slots is
+        checked where the pools are known (``laneset.build_lane_set``)."""
+        weight: Any = self.weight
+        if (isinstance(weight, bool) or not isinstance(weight, int | float)
+                or not math.isfinite(weight) or weight <= 0):
+            raise LaneDeclarationError(
+                lane, f"weight must be a positive finite number, got {weight!r}",
+                "pass weight=2 to rank the lane as if twice as stale (or leave it out: 1)",
+            )
+        slots: Any = self.slots
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+            raise LaneDeclarationError(
+                lane, f"slots must be an integer >= 1, got {slots!r}",
+                "pass slots=<how many slots of its pool one run takes>, e.g. slots=2 (or "
+                "leave it out: 1)",
+            )
+        if self.pool is not None:
+            problem = pool_name_problem(self.pool)
+            if problem is not None:
+                raise LaneDeclarationError(
+                    lane, problem, "name a declared pool (Pool('gpu', slots=2) in code or "
+                    "SCHEDPROJ_POOLS='gpu=2'), or leave pool out for the default pool "
+                    f"{DEFAULT_POOL!r}",
+                )
+        if self.kind is LaneKind.LIGHT:
+            used = [f"{opt}={getattr(self, opt)!r}" for opt, default in
+                    (("pool", None), ("slots", 1), ("weight", 1.0))
+                    if getattr(self, opt) != default]
+            if used:
+                raise LaneDeclarationError(
+                    lane, f"{' and '.join(used)} is set on a light lane",
+                    "pools, slots and weights apply to heavy lanes (light lanes need no "
+                    "slot and are all dispatched when due); drop them or make the lane heavy",
+                )
 
     @staticmethod
     def _check_gate(lane: str, gate: Any) -> None:
@@ -328,6 +376,12 @@ class LaneSpec:
     calendar: FireTimes | None = None
     #: A calendar lane's catch-up window (seconds; None: missed fire times coalesce).
     catchup_window_s: float | None = None
+    #: The pool a heavy lane runs in (``heavy``: the default pool of one slot, the lease).
+    pool: str = DEFAULT_POOL
+    #: Scales the staleness ratio in the ranking (``weight x ratio``), never the due-ness.
+    weight: float = 1.0
+    #: Slots of its pool one run takes at once.
+    slots: int = 1
 
     @property
     def heavy(self) -> bool:

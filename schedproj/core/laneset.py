@@ -14,6 +14,7 @@ from schedproj.core.calendar import CalendarError
 from schedproj.core.errors import LaneDeclarationError, SchedprojError, StateError
 from schedproj.core.families import LaneFamily, check_key, member_spec, split_member
 from schedproj.core.lanes import DeploymentClass, Gate, Lane, LaneKind, LaneSpec, queue_for
+from schedproj.core.pools import DEFAULT_POOL, Pool, declare_pools, pools_by_name
 from schedproj.core.schedules import Converter, FireTimes, fire_times, from_text, nominal_period
 
 
@@ -26,6 +27,8 @@ class LaneSet:
     specs: tuple[LaneSpec, ...]
     options: Mapping[str, Lane]
     families: Mapping[str, LaneSpec] = field(default_factory=dict)
+    #: The pools by name, the default pool ``heavy`` (one slot) always among them.
+    pools: Mapping[str, Pool] = field(default_factory=declare_pools)
 
     def spec(self, name: str) -> LaneSpec:
         found = self._by_name.get(name)
@@ -91,7 +94,8 @@ def lane_tasks(tasks: Mapping[str, Any]) -> list[tuple[str, Any, Lane]]:
 
 def build_lane_set(tasks: Mapping[str, Any], routed_queue: Any = None,
                    cadence_scale: float = 1.0, timezone: str = "UTC",
-                   converter: Converter = fire_times) -> LaneSet:
+                   converter: Converter = fire_times,
+                   pools: Mapping[str, Pool] | Iterable[Pool] | None = None) -> LaneSet:
     """Validate every lane and the relations between them.
 
     ``routed_queue(task_name) -> str | None`` tells which queue the app's routing would send a
@@ -100,7 +104,10 @@ def build_lane_set(tasks: Mapping[str, Any], routed_queue: Any = None,
     real lane sets in seconds instead of hours (calendar lanes keep their wall-clock fire
     times). A calendar lane's schedule is read in its own ``timezone`` or else in
     ``timezone`` (the app's) by ``converter`` (the edge's adapts every Celery schedule).
+    ``pools`` are the declared pools (``pools.declare_pools``; None: only the default pool):
+    a heavy lane must name one of them and fit in it.
     """
+    table = pools_by_name(pools)
     specs: list[LaneSpec] = []
     families: dict[str, LaneSpec] = {}
     options: dict[str, Lane] = {}
@@ -116,6 +123,7 @@ def build_lane_set(tasks: Mapping[str, Any], routed_queue: Any = None,
         _check_name(name)
         owners[name] = task_name
         _check_queue(name, task_name, lane, task, routed_queue)
+        _check_pool(name, lane, table)
         options[name] = lane
         spec = _spec(name, task_name, lane, cadence_scale, _calendar(name, lane, timezone,
                                                                      converter))
@@ -125,7 +133,25 @@ def build_lane_set(tasks: Mapping[str, Any], routed_queue: Any = None,
             specs.append(spec)
     _check_gates(specs, families)
     return LaneSet(specs=tuple(sorted(specs, key=lambda s: s.sort_key)), options=options,
-                   families=families)
+                   families=families, pools=table)
+
+
+def _check_pool(name: str, lane: Lane, pools: Mapping[str, Pool]) -> None:
+    """A heavy lane's pool is declared and has the slots one run takes."""
+    pool = pools.get(lane.pool or DEFAULT_POOL)
+    if pool is None:
+        declared = ", ".join(f"{p.name}={p.slots}" for p in pools.values())
+        raise LaneDeclarationError(
+            name, f"names pool {lane.pool!r}, which is declared nowhere (pools: {declared})",
+            f"declare it (configure_app(app, pools=[Pool({lane.pool!r}, slots=2)]) or "
+            f"SCHEDPROJ_POOLS='{lane.pool}=2'), or name a declared pool",
+        )
+    if lane.slots > pool.slots:
+        raise LaneDeclarationError(
+            name, f"takes slots={lane.slots} of pool {pool.name!r}, which has {pool.slots}",
+            f"give pool {pool.name!r} at least {lane.slots} slots, or the lane "
+            f"slots<={pool.slots}",
+        )
 
 
 def _check_name(name: str) -> None:
@@ -164,6 +190,7 @@ def _spec(name: str, task_name: str, lane: Lane, scale: float,
         backlog_driven=lane.backlog_driven,
         retry_after_failure_s=_scaled(lane.retry_after_failure_s, scale),
         retry_window_s=_scaled(lane.retry_window_s, scale),
+        pool=lane.pool or DEFAULT_POOL, weight=float(lane.weight), slots=lane.slots,
     )
 
 
@@ -240,7 +267,7 @@ REGISTRY_VERSION = 1
 
 def registry_json(lanes: LaneSet, settings: Any) -> str:
     """The lane set as beat publishes it to Redis (versioned), for tools without the code."""
-    return codec.dumps({
+    data = {
         "profile": settings.profile.value,
         "hold_cap_s": settings.hold_cap_s,
         "starvation_threshold_s": settings.starvation_threshold_s,
@@ -248,7 +275,13 @@ def registry_json(lanes: LaneSet, settings: Any) -> str:
         "families": [{**_registry_lane(s),
                       "jitter": getattr(lanes.options[s.name], "jitter", 0.0)}
                      for s in getattr(lanes, "families", {}).values()],
-    }, REGISTRY_VERSION)
+    }
+    pools = getattr(lanes, "pools", {})
+    if set(pools) - {DEFAULT_POOL}:
+        # Only when pools beyond the default are declared: the registry of a lane set without
+        # them stays byte for byte what the earlier release wrote.
+        data["pools"] = {name: pool.slots for name, pool in sorted(pools.items())}
+    return codec.dumps(data, REGISTRY_VERSION)
 
 
 def _registry_lane(spec: LaneSpec) -> dict[str, Any]:
@@ -260,7 +293,15 @@ def _registry_lane(spec: LaneSpec) -> dict[str, Any]:
         data["calendar"] = spec.calendar.text
     elif data["catchup_window_s"] is None:
         del data["catchup_window_s"]
+    # The pool options too, while they hold their defaults: the earlier release builds
+    # LaneSpec(**lane) and would refuse a field it does not know.
+    for name, default in _POOL_DEFAULTS.items():
+        if data[name] == default:
+            del data[name]
     return data
+
+
+_POOL_DEFAULTS: dict[str, Any] = {"pool": DEFAULT_POOL, "weight": 1.0, "slots": 1}
 
 
 def specs_from_registry(raw: str, key: str) -> tuple[tuple[LaneSpec, ...], dict[str, Any]]:
