@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -283,3 +284,14 @@ def test_the_command_says_its_progress_on_stderr_only_and_plans_either_way() -> 
     assert json.loads(said.stdout) == json.loads(quiet.stdout) == json.loads(full.stdout)
     bad = CliRunner().invoke(simulate_cmd, ["--scenario", "random", "--planning", "full"])
     assert bad.exit_code == 2 and "--planning applies to" in bad.output
+
+
+def test_the_thousand_member_family_output_is_the_one_recorded_before_the_index() -> None:
+    """``schedproj simulate --scenario family --members 1000 --H 0.9 --horizon 8h --json``,
+    recorded planning every lane (bench/results/sim_family_1000.json, 3 min 40 s of CPU):
+    the same output, planning the due index's lanes."""
+    reference = Path(__file__).parents[1] / "reference" / "sim_family_1000_8h_seed1.json"
+    out = CliRunner().invoke(simulate_cmd, ["--scenario", "family", "--members", "1000",
+                                            "--H", "0.9", "--horizon", "8h", "--json"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout) == json.loads(reference.read_text())
