@@ -226,8 +226,8 @@ def _lane(r: _Reader, raw: Any, where: str) -> tuple[LaneModel, Lane]:
         where = f"{where} ({hint})"
     d = r.obj(raw, where, LANE_FIELDS, ("name", "kind", "run_s"))
     name = r.string(d, "name", where)
-    if ("cron" in d) == ("cadence_s" in d):
-        raise r.fail(where, "needs exactly one of cadence_s and cron",
+    if "cron" in d and "cadence_s" in d:
+        raise r.fail(where, "has both cadence_s and cron",
                      "give \"cadence_s\": <seconds> or \"cron\": \"30 2 * * *\"")
     calendar: dict[str, Any] = {}
     if "cron" in d:
@@ -417,6 +417,33 @@ def _check_declarations(r: _Reader, parsed: list[tuple[LaneModel, Lane]],
     return out
 
 
+def _optional_fields(m: LaneModel) -> dict[str, Any]:
+    """A trace lane's fields that are left out while they hold their defaults (None)."""
+    optional: dict[str, Any] = {
+        "item_s": m.item_s or None, "batch": m.batch if m.batch != 50 else None,
+        "backlog": m.backlog or None, "skip_s": m.skip_s or None,
+        "feeds": list(m.feeds) or None, "priority0": m.spec.priority0 or None,
+        "backlog_driven": m.spec.backlog_driven or None,
+        "deployment": (m.spec.deployment.value
+                       if m.spec.deployment is not DeploymentClass.SHARED else None),
+        "retry_after_failure_s": m.spec.retry_after_failure_s,
+        "retry_window_s": m.spec.retry_window_s,
+        "last_run_ago_s": m.last_run_ago_s, "jitter": m.jitter or None,
+        "fail_prob": m.fail_prob or None,
+    }
+    if m.blocked is not None:
+        optional["blocked_backlog"] = {"count": m.blocked.count,
+                                       "producer": m.blocked.producer,
+                                       "per_item": m.blocked.per_item}
+    if m.spec.gates:
+        optional["gates"] = [
+            {"blocker": g.blocker, "when": g.when.value, "reason": g.reason.value,
+             **({"max_defer_s": g.max_defer_s} if g.max_defer_s is not None else {}),
+             **({"in_legacy": True} if g.in_legacy else {})}
+            for g in m.spec.gates]
+    return optional
+
+
 def _calendar_fields(spec: LaneSpec) -> dict[str, Any]:
     assert spec.calendar is not None
     words = spec.calendar.text.split()   # crontab <five fields> <zone>
@@ -446,28 +473,7 @@ def scenario_to_trace(s: Scenario) -> dict[str, Any]:
         if spec.calendar is not None:
             del lane["cadence_s"]
             lane.update(_calendar_fields(spec))
-        optional: dict[str, Any] = {
-            "item_s": m.item_s or None, "batch": m.batch if m.batch != 50 else None,
-            "backlog": m.backlog or None, "skip_s": m.skip_s or None,
-            "feeds": list(m.feeds) or None, "priority0": spec.priority0 or None,
-            "backlog_driven": spec.backlog_driven or None,
-            "deployment": (spec.deployment.value
-                           if spec.deployment is not DeploymentClass.SHARED else None),
-            "retry_after_failure_s": spec.retry_after_failure_s,
-            "retry_window_s": spec.retry_window_s,
-            "last_run_ago_s": m.last_run_ago_s, "jitter": m.jitter or None,
-            "fail_prob": m.fail_prob or None,
-        }
-        if m.blocked is not None:
-            optional["blocked_backlog"] = {"count": m.blocked.count,
-                                           "producer": m.blocked.producer,
-                                           "per_item": m.blocked.per_item}
-        if spec.gates:
-            optional["gates"] = [
-                {"blocker": g.blocker, "when": g.when.value, "reason": g.reason.value,
-                 **({"max_defer_s": g.max_defer_s} if g.max_defer_s is not None else {}),
-                 **({"in_legacy": True} if g.in_legacy else {})}
-                for g in spec.gates]
+        optional = _optional_fields(m)
         lane.update({k: v for k, v in optional.items() if v is not None})
         if parts is not None:
             # Each member's own due ratio gives back the family's jitter: 1 + j * (2u - 1).
