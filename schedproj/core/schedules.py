@@ -156,10 +156,15 @@ class ShiftedFireTimes:
 def from_text(text: str) -> FireTimes:
     """The schedule :attr:`FireTimes.text` describes (what the lane registry stores)."""
     words = text.split()
-    if len(words) == 7 and words[0] == "crontab":
-        return CronFireTimes(" ".join(words[1:6]), words[6])
-    if len(words) == 2 and words[0] == "at":
-        return OneOffFireTimes(float(words[1]))
+    try:
+        if len(words) == 7 and words[0] == "crontab":
+            return CronFireTimes(" ".join(words[1:6]), words[6])
+        if len(words) == 2 and words[0] == "at":
+            return OneOffFireTimes(float(words[1]))
+    except (CalendarError, ValueError):
+        # Written by a beat that could read it (a zone this host's tzdata lacks, say): the
+        # lane is shown by its text rather than making the whole registry unreadable.
+        pass
     return OpaqueFireTimes(text)
 
 

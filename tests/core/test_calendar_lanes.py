@@ -147,6 +147,10 @@ def test_texts_read_back() -> None:
     opaque = from_text("celery <solar: sunrise at latitude 1, longitude 2>")
     assert isinstance(opaque, OpaqueFireTimes)
     assert opaque.next_fire(0) == math.inf and opaque.previous_fire(0) == -math.inf
+    # A text this host cannot compute (an unknown zone) reads as opaque, not as an error.
+    assert from_text("crontab 0 9 * * * Mars/Olympus") == OpaqueFireTimes(
+        "crontab 0 9 * * * Mars/Olympus")
+    assert isinstance(from_text("at soon"), OpaqueFireTimes)
 
 
 def test_the_apps_time_zone_follows_celerys_settings() -> None:
