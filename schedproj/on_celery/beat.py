@@ -53,7 +53,7 @@ from schedproj.store.entry_store import EntryStore
 from schedproj.store.families import FamilyStore
 from schedproj.store.lane_store import Snapshot
 from schedproj.telemetry import metrics
-from schedproj.telemetry.sentry import crons_exclusions, init_sentry
+from schedproj.telemetry.sentry import crons_exclusions, crons_schedule, init_sentry
 
 logger = logging.getLogger("schedproj.beat")
 
@@ -158,7 +158,9 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         self.data = {
             spec.name: ScheduleEntry(
                 name=spec.name, task=spec.task_name, app=self.app,
-                schedule=every(timedelta(seconds=spec.cadence_s)),
+                # A cron calendar lane's own crontab and zone, so Sentry Crons expects its
+                # check-ins at its fire times (a skipped one shows as missed there).
+                schedule=crons_schedule(spec) or every(timedelta(seconds=spec.cadence_s)),
                 options={"queue": queue_for(spec.kind)},
             )
             for spec in (*lanes.specs, *lanes.families.values())
