@@ -295,3 +295,16 @@ def test_the_thousand_member_family_output_is_the_one_recorded_before_the_index(
                                             "--H", "0.9", "--horizon", "8h", "--json"])
     assert out.exit_code == 0, out.output
     assert json.loads(out.stdout) == json.loads(reference.read_text())
+
+
+def test_the_simulator_bench_runs_both_plannings_and_finds_them_identical(
+        tmp_path: Path) -> None:
+    from bench import simulator as bench_simulator
+
+    out = tmp_path / "sim.json"
+    assert bench_simulator.main(["--members", "20", "--hours", "1", "--full",
+                                 "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["identical_runs"] is True and row["lanes"] == 26
+    assert row["full_lanes_planned_per_decision"] == 26
+    assert row["lanes_planned_per_decision"] < 26 and row["decisions"] > 0
