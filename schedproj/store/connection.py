@@ -46,8 +46,23 @@ CLUSTER_PORT = 6379
 
 #: URL schemes a Redis client is built from (redis-py's, Sentinel's and Cluster's above).
 REDIS_SCHEMES = ("redis", "rediss", "unix", *SENTINEL_SCHEMES, *CLUSTER_SCHEMES)
+#: The oldest redis-py whose cluster client runs MULTI/EXEC (6.1), which schedproj's stores
+#: use; older ones refuse ``pipeline(transaction=True)`` on a cluster.
+CLUSTER_MIN_REDIS_PY = (6, 1)
 #: TLS options a ``rediss+cluster://`` URL may carry in its query (as redis-py's URLs do).
 TLS_QUERY_OPTIONS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs")
+
+
+def cluster_client_problem(version: str | None = None) -> str | None:
+    """Why this redis-py (or ``version``) cannot carry schedproj's state on a Redis Cluster,
+    with the fix; or None."""
+    version = version or redis.__version__
+    have = tuple(int(part) for part in re.findall(r"\d+", version)[:2])
+    if have >= CLUSTER_MIN_REDIS_PY:
+        return None
+    return (f"a Redis Cluster needs redis-py 6.1 or later (its cluster client runs "
+            f"transactions from 6.1 on, and schedproj's stores use them); this is redis-py "
+            f"{version}. Fix: pip install 'redis>=6.1'")
 
 
 def is_cluster_url(url: str | None) -> bool:
@@ -70,6 +85,9 @@ def redis_url_problem(url: str) -> str | None:
             return f"{str(exc).partition(': ')[2]}. Fix: correct the sentinel addresses"
         return None
     if parts.scheme in CLUSTER_SCHEMES:
+        too_old = cluster_client_problem()
+        if too_old is not None:
+            return too_old
         try:
             parse_cluster_url(url)
         except ConfigurationError as exc:
@@ -217,6 +235,9 @@ def connect_cluster(url: str, *, socket_timeout_s: float = 10.0,
     (with ``retry=False`` only once at once, to the master the slot map names after the
     failure: the caller's next attempt may come long after the takeover)."""
     hosts, options = parse_cluster_url(url)
+    too_old = cluster_client_problem()
+    if too_old is not None:
+        raise ConfigurationError(f"{mask(url)}: {too_old}")
     parts = urlsplit(url)
     tls_given = dict(tls or {}) if parts.scheme == "rediss+cluster" else {}
     tls_given.update({k: v for k, v in options.items() if k in TLS_QUERY_OPTIONS})

@@ -101,6 +101,21 @@ def test_cluster_urls_parse_and_bad_ones_name_the_setting_and_the_fix() -> None:
         Settings.load(redis_url="redis-cluster://10.0.0.1:7000")
 
 
+def test_a_redis_py_without_cluster_transactions_is_refused_naming_the_fix(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from schedproj.store import connection
+
+    assert connection.cluster_client_problem("6.1.0") is None
+    assert connection.cluster_client_problem("8.1.0") is None
+    problem = connection.cluster_client_problem("5.0.0")
+    assert problem is not None and "redis-py 5.0.0" in problem and "redis>=6.1" in problem
+    monkeypatch.setattr(connection.redis, "__version__", "6.0.2")
+    with pytest.raises(ConfigurationError, match=r"SCHEDPROJ_REDIS_URL: a Redis Cluster needs "
+                                                 r"redis-py 6.1 or later.*Fix: pip install"):
+        Settings.load(redis_url="redis+cluster://10.0.0.1:7000", broker_url="redis://h:1/0")
+    assert connection.redis_url_problem("redis+sentinel://10.0.0.1/svc") is None  # others go
+
+
 def test_the_prefix_carries_a_hash_tag_on_a_cluster_only() -> None:
     cluster = {"redis_url": "redis+cluster://10.0.0.1:7000", "broker_url": "redis://h:1/0"}
     assert Settings.load(**cluster).key_prefix == "{schedproj}"
