@@ -538,18 +538,19 @@ class Simulation:
             self.backlogged.add(rt.name)
         else:
             self.backlogged.discard(rt.name)
-        look = next_look(spec, state, t)
         if spec.heavy and self.lease is not None and self.lease.lane == rt.name:
             self.index.file(rt.name, t, None, t)  # the holder: planned while it holds
             return
         if not spec.heavy and is_in_flight(state, t):
-            self.index.file(rt.name, look, None, t)
+            self.index.file(rt.name, next_look(spec, state, t), None, t)
             return
+        # As ``pipeline.seconds_until_next_due`` computes it for an idle lane not due yet:
+        # with the backlog the lane's view sees (its due-check's, else its record's).
         probe = rt.probe() if rt.probed else None
-        backlog = probe if probe is not None else state.run.backlog
-        # As ``pipeline.seconds_until_next_due`` computes it for an idle lane not due yet.
-        wake = due_at(spec, state, t, max(0, backlog))
-        look = min(look, wake, due_at(spec, state, t, probe))
+        wake = due_at(spec, state, t, max(0, probe if probe is not None else state.run.backlog))
+        # A lane with a due-check is due by what it reports (the wake); another by its record,
+        # as the index files it (the earlier of the two, should they ever differ).
+        look = wake if probe is not None else min(next_look(spec, state, t), wake)
         rank = self._rank(rt, state, t) if look <= t + LOOK_SLACK_S else None
         self.index.file(rt.name, look, wake, t, rank)
 
