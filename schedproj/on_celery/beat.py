@@ -38,9 +38,9 @@ from schedproj.on_celery.dispatch import Dispatcher, LaneEntry, PressurePublishe
 from schedproj.on_celery.due_checks import DueChecks, ErrorReporter
 from schedproj.on_celery.entries import (
     BeatEntries,
+    CodeEntries,
     EntrySend,
-    LoadedEntry,
-    code_entries,
+    beat_schedule_table,
     entry_crons_exclusions,
 )
 from schedproj.on_celery.family_sync import FamilySync
@@ -80,7 +80,7 @@ class BeatEngine:
 
     @classmethod
     def build(cls, rt: Runtime, lanes: LaneSet, scheduler: FairScheduler,
-              code_entries: dict[str, LoadedEntry]) -> BeatEngine:
+              code_entries: CodeEntries) -> BeatEngine:
         tick_lanes, memory = TickLanes(lanes), TickMemory()
         reporter = ErrorReporter(rt.store)
         return cls(
@@ -149,7 +149,7 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         rt = Runtime.build(s)
         wait_for_redis(self.app, s, "beat")
         # Sentry Crons only monitors whole-minute intervals: other lanes are left out of it.
-        code = code_entries(self.app)
+        code = beat_schedule_table(self.app)
         init_sentry(s, "beat", exclude_beat_tasks=[*crons_exclusions(lanes.specs),
                                                    *entry_crons_exclusions(code.values())])
         metrics.serve(rt.store.client, rt.keys, s, lanes.specs,
@@ -286,25 +286,46 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
             # Before dispatching: a new run of the lane, started within milliseconds of its
             # message, would replace the dead run's mark before this could record it.
             e.recovery.record_lapsed_runs(snap, states, now)
-        plan = plan_tick(
-            [e.lanes.specs[lane] for lane in states],
-            TickInput(states=states, lease=snap.lease, paused=snap.paused,
-                      forced=snap.forced, unreadable=unreadable, probes=probes,
-                      quarantined=snap.epoch.quarantine_left_s > 0,
-                      inflight_grace_s=s.lease_ttl_s),
-            now, profile=s.profile, policy=s.policy, start_deadline_s=s.start_deadline_s,
-            task_id=lambda lane: str(uuid.uuid4()))
-        plan, next_look = e.dispatcher.dispatch(plan, snap)
+        plan: Plan | None = None
+        if self._nothing_to_plan(snap, states, now):
+            # The idle tick: what planning would leave, without planning. The cursor and the
+            # lease seen move on as after an empty plan (nothing to write, nothing to send).
+            e.memory.settle({}, now, snap.lease.token if snap.lease is not None else None,
+                            (), {})
+            next_look = snap.next_look
+        else:
+            plan = plan_tick(
+                [e.lanes.specs[lane] for lane in states],
+                TickInput(states=states, lease=snap.lease, paused=snap.paused,
+                          forced=snap.forced, unreadable=unreadable, probes=probes,
+                          quarantined=snap.epoch.quarantine_left_s > 0,
+                          inflight_grace_s=s.lease_ttl_s),
+                now, profile=s.profile, policy=s.policy, start_deadline_s=s.start_deadline_s,
+                task_id=lambda lane: str(uuid.uuid4()))
+            plan, next_look = e.dispatcher.dispatch(plan, snap)
         # The app's schedule entries, in the same tick as the light lanes: never behind heavy.
         entries_look = e.entries.tick(now, snap.entries_changed)
         if entries_look is not None:
             next_look = entries_look if next_look is None else min(next_look, entries_look)
-        e.pressure.publish(plan.decision, snap, now, states=plan.states, partial=skipped > 0)
+        if plan is not None:
+            e.pressure.publish(plan.decision, snap, now, states=plan.states,
+                               partial=skipped > 0)
         e.families.sync(now)
         e.lanes.keep_only(e.memory.states)
         interval = self._wait(plan, next_look, now)
         self._refusal_said = ""
         return interval
+
+    def _nothing_to_plan(self, snap: Snapshot, states: dict[str, Any], now: float) -> bool:
+        """Would planning this tick decide, write, send and publish nothing? True when the
+        planner would see no lane (none due, read as changed, forced or held in memory: an
+        empty plan, whatever else was read), the dispatch would not renew the lock first (a
+        tick younger than a third of its TTL), and the pressure would not be written (the
+        last one published says none waits, the lock was renewed, no state was lost). The
+        idle tick is then the read alone: planning an empty tick was a third of its cost."""
+        return (not states and snap.lock.event == "renewed" and not snap.epoch.cause
+                and self.engine.pressure.published == (None,)
+                and time.time() - now <= self.settings.beat_lock_ttl_s / 3)
 
     def _read(self, now: float) -> Snapshot | None:
         """Read what changed (a beat that just took the lock builds its memory from Redis
@@ -387,13 +408,15 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
             "ev": "lock", "beat": self.token[:8], "fence": snap.lock.fence, "t": time.time()})
         self._announce(now)
 
-    def _wait(self, plan: Plan, next_look: float | None, now: float) -> float:
-        """Sleep until the next lane needs a look (or a run finishes and wakes beat)."""
+    def _wait(self, plan: Plan | None, next_look: float | None, now: float) -> float:
+        """Sleep until the next lane needs a look (or a run finishes and wakes beat); ``plan``
+        None is the idle tick's (no lane falls due by time, nothing sent)."""
         s = self.settings
-        interval = plan.sleep_s(s.beat_max_loop_interval_s)
+        interval = (plan.sleep_s(s.beat_max_loop_interval_s) if plan is not None
+                    else s.beat_max_loop_interval_s)
         if next_look is not None:
             interval = min(interval, max(0.0, next_look - now))
-        if not plan.sends:
+        if plan is None or not plan.sends:
             # A tick that sent nothing never comes straight back (garbage that reads as "due
             # now" would spin beat): a floor, capped by the loop interval.
             interval = max(interval, min(defaults.BEAT_IDLE_SLEEP_FLOOR_S,
