@@ -110,6 +110,10 @@ class EntryPlan:
     removed: tuple[str, ...] = ()
     #: Entry -> why it could not be judged (unreadable state, a schedule that raised).
     errors: Mapping[str, str] = field(default_factory=dict)
+    #: The stored states judged from, decoded (those readable and measured from the entry's
+    #: schedule): what beat remembers of the entries it did not change, without a second
+    #: decoding.
+    judged: Mapping[str, EntryState] = field(default_factory=dict)
 
 
 def plan_entries(looked: Iterable[str], raw_states: Mapping[str, str | None],
@@ -135,6 +139,8 @@ def plan_entries(looked: Iterable[str], raw_states: Mapping[str, str | None],
         key = schedule_keys.get(name, "")
         state = _usable_state(name, raw, key, where, plan.errors)
         fresh = state is None
+        if state is not None:
+            plan.judged[name] = state
         judged = state or EntryState(last_run_at=now, schedule_key=key)
         if name in paused:
             plan.wait(name, raw, judged, fresh, PAUSED_LOOK_S)
@@ -157,7 +163,7 @@ def plan_entries(looked: Iterable[str], raw_states: Mapping[str, str | None],
         else:
             plan.wait(name, raw, judged, fresh, next_s)
     return EntryPlan(claims=tuple(plan.claims), looks=plan.looks, starts=tuple(plan.starts),
-                     removed=tuple(plan.removed), errors=plan.errors)
+                     removed=tuple(plan.removed), errors=plan.errors, judged=plan.judged)
 
 
 class _PlanBuilder:
@@ -168,6 +174,7 @@ class _PlanBuilder:
         self.looks: dict[str, float] = {}
         self.removed: list[str] = []
         self.errors: dict[str, str] = {}
+        self.judged: dict[str, EntryState] = {}
 
     def look_in(self, seconds: float) -> float:
         return self.now + min(max(seconds, MIN_LOOK_S), self.max_look_s)

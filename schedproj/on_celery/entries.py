@@ -14,10 +14,12 @@ import contextlib
 import json
 import logging
 import re
-import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
-from datetime import datetime, timedelta
+from array import array
+from bisect import bisect_left
+from collections import ChainMap
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableSequence
+from datetime import datetime
 from types import MappingProxyType
 from typing import Any
 
@@ -75,20 +77,24 @@ _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
 class LoadedEntry:
-    """One entry as beat holds it: its definition (shared with the app's ``beat_schedule``,
+    """One entry as a tick uses it: its definition (shared with the app's ``beat_schedule``,
     never copied) and where it came from. It is its own :class:`Timing` (``check``), as
-    :class:`CeleryTiming` is, without a second object per entry."""
+    :class:`CeleryTiming` is, without a second object per entry. A runtime entry's is kept
+    while beat runs; a ``beat_schedule`` entry's is made when a tick needs it
+    (:class:`CodeEntries`)."""
 
-    __slots__ = ("args", "kwargs", "last_run_at", "name", "options", "raw", "runs",
-                 "schedule", "schedule_key", "source", "task", "tz")
+    __slots__ = ("_key", "args", "copy_for", "kwargs", "last_run_at", "name", "options",
+                 "raw", "runs", "schedule", "source", "task", "tz")
 
     def __init__(self, name: str, task: str, sched: BaseSchedule, *, args: Any = (),
                  kwargs: Any = None, options: Any = None, source: str, tz: Any,
-                 raw: str = "") -> None:
+                 raw: str = "", app: Any = None) -> None:
         self.name, self.task, self.schedule, self.source = name, task, sched, source
+        #: Set (the app) when ``sched`` is the app's own object: ``is_due`` is asked of an
+        #: equal one made for the check (:func:`judged_copy`).
+        self.copy_for = app
         self.args, self.kwargs, self.options = args, kwargs or _EMPTY, options or _EMPTY
-        # Interned: thousands of entries share a handful of schedules.
-        self.schedule_key = sys.intern(schedule_key(sched))
+        self._key: str | None = None
         self.tz = tz
         #: A runtime entry's stored definition (to see it change); "" for the code's.
         self.raw = raw
@@ -97,8 +103,17 @@ class LoadedEntry:
         self.last_run_at: float | None = None
         self.runs = 0
 
+    @property
+    def schedule_key(self) -> str:
+        """:func:`schedule_key` of its schedule, made when first asked (a ``repr``)."""
+        if self._key is None:
+            self._key = schedule_key(self.schedule)
+        return self._key
+
     def check(self, last_run_at: float) -> tuple[bool, float]:
-        due, next_s = self.schedule.is_due(datetime.fromtimestamp(last_run_at, tz=self.tz))
+        sched = (self.schedule if self.copy_for is None
+                 else judged_copy(self.schedule, self.copy_for))
+        due, next_s = sched.is_due(datetime.fromtimestamp(last_run_at, tz=self.tz))
         return bool(due), float(next_s)
 
     @property
@@ -125,35 +140,141 @@ def schedule_key(sched: BaseSchedule) -> str:
     return text
 
 
-def code_entries(app: Any) -> dict[str, LoadedEntry]:
-    """The app's ``beat_schedule``, parsed by Celery's own ``ScheduleEntry`` (numbers and
-    ``timedelta`` become ``schedule``, ``relative`` is honoured), plus the result-cleanup entry
-    Celery's beat adds itself (``Scheduler.install_default_entries``) — here only for an app
-    that names a result backend: an app without one has nothing to clean up."""
-    found: dict[str, LoadedEntry] = {}
-    specs = dict(app.conf.beat_schedule or {})
+def judged_copy(sched: Any, app: Any) -> Any:
+    """A schedule equal to ``sched`` to ask ``is_due`` of, when it is one of the app's own
+    ``schedule`` or ``crontab`` objects: Celery's first ``is_due`` on an object caches its time
+    zone in the object's ``__dict__``, which makes Python give every such object a dict of its
+    own (64 bytes each: 6 MiB at 100,000 entries, kept for as long as the app lives). The copy
+    (every attribute a new object of its class has, read one by one: reading ``__dict__``
+    would make the dict too) is judged and dropped instead. Any other schedule (``solar``, a
+    subclass, the user's own) is asked itself: its state is its own."""
+    fields = _COPIED.get(type(sched))
+    if fields is None:
+        return sched
+    copy = object.__new__(type(sched))
+    for name in fields:
+        setattr(copy, name, getattr(sched, name))
+    copy.app = app
+    return copy
+
+
+#: The attributes a new ``schedule`` and ``crontab`` has (this Celery's, read from a probe).
+_COPIED: dict[type, tuple[str, ...]] = {
+    kind: tuple(vars(probe)) for kind, probe in ((schedule, schedule(60.0)),
+                                                 (crontab, crontab()))}
+
+
+#: "Nothing remembered" in :class:`CodeEntries`' ``last_run_at`` column (a stored state's
+#: ``last_run_at`` is never negative).
+_NOTHING = -1.0
+
+
+class CodeEntries(Mapping[str, LoadedEntry]):
+    """The app's ``beat_schedule`` as beat holds it between ticks: about 20 bytes an entry.
+
+    The definitions stay where the app keeps them (its ``beat_schedule`` dict and the spec
+    dicts in it, held, never copied; beat reads them at start as Celery's beat does); an
+    entry's schedule, key and message fields are read from its spec when a tick needs the
+    entry (``self[name]``, a :class:`LoadedEntry` made for that tick). What beat remembers of
+    each entry's state, to put back should Redis lose it, is in two arrays indexed by the
+    entry's position among the sorted names. Per-entry Python objects kept between ticks
+    were most of beat's memory at 100,000 entries (53 MiB against celery-redbeat's 7)."""
+
+    def __init__(self, app: Any, specs: Mapping[str, Mapping[str, Any]],
+                 names: Iterable[str]) -> None:
+        self.app, self.tz = app, app.timezone
+        self._specs = specs
+        #: The names, sorted (the strings are the app's own keys): a name's position is its
+        #: entry's number, found by bisection (a dict of numbers would cost 50 bytes each).
+        self._names = sorted(names)
+        n = len(self._names)
+        self._last_run_at = array("d", [_NOTHING]) * n
+        #: Run counts in 4 bytes each; a plain list should one ever pass 2**32 - 1.
+        self._runs: MutableSequence[int] = array("I", [0]) * n
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self._index(name) >= 0
+
+    def __getitem__(self, name: str) -> LoadedEntry:
+        i = self._index(name)
+        if i < 0:
+            raise KeyError(name)
+        spec: Any = self._specs[name]
+        # Celery's own rule for the schedule field (ScheduleEntry's): numbers and timedelta
+        # become ``schedule``, ``relative`` honoured; a schedule object is used as it is.
+        raw = spec.get("schedule")
+        sched = maybe_schedule(raw, spec.get("relative", False), app=self.app)
+        entry = LoadedEntry(name, spec.get("task"), sched, args=spec.get("args", ()),
+                            kwargs=spec.get("kwargs"), options=spec.get("options"),
+                            source="code", tz=self.tz,
+                            # One made from a number here is this tick's already.
+                            app=self.app if sched is raw else None)
+        if self._last_run_at[i] != _NOTHING:
+            entry.last_run_at, entry.runs = self._last_run_at[i], self._runs[i]
+        return entry
+
+    def _index(self, name: str) -> int:
+        i = bisect_left(self._names, name)
+        return i if i < len(self._names) and self._names[i] == name else -1
+
+    def without(self, names: Iterable[str]) -> CodeEntries:
+        """The same entries but ``names`` (before anything is remembered)."""
+        left_out = set(names)
+        return CodeEntries(self.app, self._specs, (n for n in self._names if n not in left_out))
+
+    def remember(self, name: str, state: EntryState, key: str | None = None) -> None:
+        """Remember ``state`` if it measures from the entry's schedule (``key``, when the
+        caller has it at hand)."""
+        i = self._index(name)
+        if i < 0:
+            return
+        if state.schedule_key != (key if key is not None else self._key(name)):
+            return
+        self._last_run_at[i] = state.last_run_at
+        try:
+            self._runs[i] = state.total_run_count
+        except OverflowError:
+            self._runs = list(self._runs)
+            self._runs[i] = state.total_run_count
+
+    def remembered(self) -> Iterator[tuple[str, EntryState]]:
+        """Every state remembered, as it would be stored."""
+        for i, last in enumerate(self._last_run_at):
+            if last != _NOTHING:
+                name = self._names[i]
+                yield name, EntryState(last, self._runs[i], self._key(name))
+
+    def _key(self, name: str) -> str:
+        spec: Any = self._specs[name]
+        return schedule_key(maybe_schedule(spec.get("schedule"), spec.get("relative", False),
+                                           app=self.app))
+
+
+def beat_schedule_table(app: Any) -> CodeEntries:
+    """The app's ``beat_schedule`` as beat holds it (:class:`CodeEntries`), plus the
+    result-cleanup entry Celery's beat adds itself (``Scheduler.install_default_entries``) —
+    here only for an app that names a result backend: an app without one has nothing to clean
+    up."""
+    specs: Mapping[str, Mapping[str, Any]] = app.conf.beat_schedule or {}
     if (app.conf.result_backend and app.conf.result_expires
             and not app.backend.supports_autoexpire and BACKEND_CLEANUP not in specs):
-        specs[BACKEND_CLEANUP] = {"task": BACKEND_CLEANUP, "schedule": crontab("0", "4", "*"),
-                                  "options": {"expires": 12 * 3600}}
-    tz = app.timezone
-    made: dict[tuple[Any, bool], BaseSchedule] = {}
-    for name, spec in specs.items():
-        # Celery's own rule for the schedule field (ScheduleEntry's): numbers and timedelta
-        # become ``schedule``, ``relative`` honoured; without a ScheduleEntry per entry.
-        raw, relative = spec.get("schedule"), spec.get("relative", False)
-        if isinstance(raw, (int, float, timedelta)):
-            # A number becomes a schedule object per entry; one per distinct interval is
-            # enough (it holds no state of its entry).
-            sched = made.get((raw, relative))
-            if sched is None:
-                sched = made[(raw, relative)] = maybe_schedule(raw, relative, app=app)
-        else:
-            sched = maybe_schedule(raw, relative, app=app)
-        found[name] = LoadedEntry(name, spec.get("task"), sched, args=spec.get("args", ()),
-                                  kwargs=spec.get("kwargs"), options=spec.get("options"),
-                                  source="code", tz=tz)
-    return found
+        cleanup = {"task": BACKEND_CLEANUP, "schedule": crontab("0", "4", "*"),
+                   "options": {"expires": 12 * 3600}}
+        specs = ChainMap({BACKEND_CLEANUP: cleanup}, specs)  # type: ignore[arg-type]
+    return CodeEntries(app, specs, specs)
+
+
+def code_entries(app: Any) -> dict[str, LoadedEntry]:
+    """Each entry of the app's ``beat_schedule`` (and Celery's cleanup entry, as
+    :func:`beat_schedule_table` adds it) as a :class:`LoadedEntry`, for the tools that
+    read them once (``schedproj migrate``, ``schedproj entry list``)."""
+    return dict(beat_schedule_table(app).items())
 
 
 def entry_crons_exclusions(entries: Iterable[LoadedEntry]) -> list[str]:
@@ -196,19 +317,20 @@ class BeatEntries:
     """The entries step of the active beat's tick."""
 
     def __init__(self, app: Any, store: EntryStore, keys: Keys, token: str,
-                 apply_entry: Callable[[EntrySend], None], code: dict[str, LoadedEntry], *,
+                 apply_entry: Callable[[EntrySend], None], code: CodeEntries, *,
                  max_look_s: float, reserved: Iterable[str] = ()) -> None:
         self.app, self.store, self.keys, self.token = app, store, keys, token
         self.apply_entry, self.max_look_s = apply_entry, max_look_s
         #: Names taken by lanes: an entry may not share one (verbs and metrics name both).
         self.reserved = frozenset(reserved)
-        for name in sorted(code.keys() & self.reserved):
+        clash = sorted(name for name in self.reserved if name in code)
+        for name in clash:
             logger.error("beat_schedule entry %r has the name of a lane: it is not run; rename "
                          "the entry in beat_schedule", name)
-            del code[name]
-        #: The names the code defines; the entries themselves are in ``entries`` (one dict).
-        self.code = frozenset(code)
-        self.entries: dict[str, LoadedEntry] = code
+        #: The entries the code defines (compact: see :class:`CodeEntries`).
+        self.code = code.without(clash) if clash else code
+        #: The runtime entries that run (none shadowed by the code or named like a lane).
+        self.runtime: dict[str, LoadedEntry] = {}
         #: The earliest next look in the due index (None: nothing to look at, or unknown).
         self.head: float | None = None
         #: Errors already said (entry -> message), so each is said once per onset.
@@ -217,7 +339,26 @@ class BeatEntries:
 
     @property
     def names(self) -> list[str]:
-        return sorted(self.entries)
+        return sorted([*self.code, *self.runtime])
+
+    def __len__(self) -> int:
+        return len(self.code) + len(self.runtime)
+
+    def defines(self, name: str) -> bool:
+        return name in self.runtime or name in self.code
+
+    def entry(self, name: str) -> LoadedEntry | None:
+        """The entry named ``name`` (a code entry's made now), None if none is."""
+        found = self.runtime.get(name)
+        if found is None and name in self.code:
+            found = self.code[name]
+        return found
+
+    def _info(self) -> Iterator[tuple[str, str]]:
+        for name, entry in self.code.items():
+            yield name, entry.info()
+        for name, entry in self.runtime.items():
+            yield name, entry.info()
 
     # -- taking over ----------------------------------------------------------------------------
     def take_over(self, now: float, *, put_back: bool = False) -> None:
@@ -230,63 +371,73 @@ class BeatEntries:
             if put_back:
                 self._put_back()
             self._load_runtime()
-            self.store.publish({name: e.info() for name, e in self.entries.items()})
-            stored = self.store.all_states()
-            self._remember_all(stored)
-            removed = sorted(stored.keys() - self.entries.keys())
-            if not self.store.rebuild_index(self.token, dict.fromkeys(self.entries, 0.0)):
+            self.store.publish(self._info())
+            gone: set[str] = set()
+            for name, raw in self.store.all_states():
+                if self.defines(name):
+                    self._remember_decoded(name, raw)
+                else:
+                    gone.add(name)
+            removed = sorted(gone)
+            if not self.store.rebuild_index(
+                    self.token, dict.fromkeys([*self.code, *self.runtime], 0.0)):
                 raise BeatLockLost("the beat lock was lost while indexing the schedule entries")
             if removed:
                 logger.info("schedule entries %s are no longer defined: their state is deleted",
                             removed[:20] if len(removed) > 20 else removed)
                 self._written(self.store.write(self.token, (), removed=removed))
-            self.head = now if self.entries else None
-            if self.entries:
+            self.head = now if len(self) else None
+            if len(self):
                 logger.info("beat %s: %d schedule entries (%d from beat_schedule, %d added at "
-                            "runtime)", self.token[:8], len(self.entries), len(self.code),
-                            len(self.entries) - len(self.code))
+                            "runtime)", self.token[:8], len(self), len(self.code),
+                            len(self.runtime))
         except redis.ResponseError as exc:
             self._say_refused(exc)
 
     def _runtime_raws(self) -> dict[str, str]:
-        return {name: e.raw for name, e in self.entries.items() if e.source == "runtime"}
+        return {name: e.raw for name, e in self.runtime.items()}
 
     def _put_back(self) -> None:
-        remembered = {name: EntryState(e.last_run_at, e.runs, e.schedule_key).encode()
-                      for name, e in self.entries.items() if e.last_run_at is not None}
+        remembered = {name: state.encode() for name, state in self.code.remembered()}
+        remembered.update({name: EntryState(e.last_run_at, e.runs, e.schedule_key).encode()
+                           for name, e in self.runtime.items() if e.last_run_at is not None})
         if remembered:
             n = self.store.put_back(remembered)
             logger.warning("schedule entries: Redis lost their state; put back %d of the %d "
                            "this beat remembers (no due time is sent twice or skipped for "
                            "them)", n, len(remembered))
 
-    def _remember_all(self, stored: Mapping[str, str]) -> None:
-        for name, raw in stored.items():
-            entry = self.entries.get(name)
-            if entry is not None:
-                with contextlib.suppress(StateError):
-                    entry.remember(EntryState.decode(raw, self.keys.entries))
+    def _remember(self, name: str, state: EntryState, key: str | None = None) -> None:
+        entry = self.runtime.get(name)
+        if entry is not None:
+            entry.remember(state)
+        else:
+            self.code.remember(name, state, key)
+
+    def _remember_decoded(self, name: str, raw: str, key: str | None = None) -> None:
+        with contextlib.suppress(StateError):
+            self._remember(name, EntryState.decode(raw, self.keys.entries), key)
 
     def _load_runtime(self) -> list[str]:
         """Read the runtime definitions; returns the names that were removed or changed."""
         defs = self.store.definitions()
         gone: list[str] = []
-        for name, entry in list(self.entries.items()):
-            if entry.source == "runtime" and defs.get(name) != entry.raw:
-                del self.entries[name]
+        for name, entry in list(self.runtime.items()):
+            if defs.get(name) != entry.raw:
+                del self.runtime[name]
                 gone.append(name)
         for name, raw in defs.items():
-            if name in self.entries:
-                if name in self.code and self._said.get(name) != "shadowed":
+            if name in self.code:
+                if self._said.get(name) != "shadowed":
                     self._said[name] = "shadowed"
                     logger.warning("runtime entry %r is also in beat_schedule: the code's "
                                    "definition runs; remove one (`schedproj entry remove %s`)",
                                    name, name)
                 continue
-            if name in self.reserved:
+            if name in self.runtime or name in self.reserved:
                 continue
             try:
-                self.entries[name] = runtime_entry(name, raw, self.app,
+                self.runtime[name] = runtime_entry(name, raw, self.app,
                                                    f"{self.keys.entry_defs} field {name!r}")
             except StateError as exc:
                 self._say(name, str(exc))
@@ -306,8 +457,8 @@ class BeatEntries:
                 before = self._runtime_raws()
                 gone = self._load_runtime()
                 if self._runtime_raws() != before:
-                    self.store.publish({name: e.info() for name, e in self.entries.items()})
-                removed = [n for n in gone if n not in self.entries]
+                    self.store.publish(self._info())
+                removed = [n for n in gone if not self.defines(n)]
                 if removed:
                     self._written(self.store.write(self.token, (), removed=removed))
                 # New or changed definitions: in the index, looked at now.
@@ -334,36 +485,38 @@ class BeatEntries:
 
     def _tick_once(self, now: float) -> bool:
         due = self.store.due(now)
-        unknown = sorted(due.forced - self.entries.keys())
+        unknown = sorted(name for name in due.forced if not self.defines(name))
         if unknown:
             self.store.done_forcing(unknown)
-        timings = {name: e.timing for name, e in self.entries.items() if name in due.states}
-        plan = plan_entries(due.states, due.states, timings,
-                            {name: self.entries[name].schedule_key for name in timings}, now,
-                            paused=due.paused, forced=due.forced & timings.keys(),
+        # The entries read, made for this pass (a code entry is its spec until a tick needs it).
+        looked = {name: entry for name in due.states if (entry := self.entry(name)) is not None}
+        keys = {name: entry.schedule_key for name, entry in looked.items()}
+        plan = plan_entries(due.states, due.states, looked, keys, now,
+                            paused=due.paused, forced=due.forced & looked.keys(),
                             max_look_s=self.max_look_s, where=self.keys.entries)
         for name, problem in plan.errors.items():
             self._say(name, problem)
         # Indexed but no longer defined (removed while no beat ran, or a runtime definition
         # that cannot be read): out of the index and the states.
-        removed = sorted({*plan.removed, *(n for n in due.states if n not in self.entries)})
+        removed = sorted({*plan.removed, *(n for n in due.states if n not in looked)})
         result = self._written(self.store.write(
             self.token, (*plan.starts, *plan.claims), looks=plan.looks, removed=removed))
         changed = {c.name for c in (*plan.starts, *plan.claims)}
         for change in (*plan.starts, *plan.claims):
             if result.written.get(change.name):
-                self.entries[change.name].remember(change.state)
+                self._remember(change.name, change.state, keys[change.name])
         # What was read counts as remembered too (a state an operator or `schedproj migrate`
         # wrote since this beat took over is the one to put back after a loss).
-        self._remember_all({n: raw for n, raw in due.states.items()
-                            if raw is not None and n not in changed})
-        self._send(plan, result, due.states, now)
+        for name, state in plan.judged.items():
+            if name not in changed:
+                self._remember(name, state, keys[name])
+        self._send(plan, result, due.states, now, looked)
         forced_done = [c.name for c in plan.claims if c.name in due.forced]
         self.store.done_forcing(forced_done)
         return due.more
 
     def _send(self, plan: EntryPlan, result: WriteResult, read: Mapping[str, str | None],
-              now: float) -> None:
+              now: float, looked: Mapping[str, LoadedEntry]) -> None:
         lost = [c.name for c in plan.claims if not result.written.get(c.name)]
         if lost:
             logger.info("schedule entries %s changed since read (another beat or an operator): "
@@ -371,7 +524,7 @@ class BeatEntries:
         for claim in plan.claims:
             if not result.written.get(claim.name):
                 continue
-            entry = self.entries[claim.name]
+            entry = looked[claim.name]
             message = EntrySend(name=entry.name, task=entry.task, schedule=entry.schedule,
                                 args=entry.args, kwargs=entry.kwargs, options=entry.options,
                                 last_run_at=datetime.fromtimestamp(claim.state.last_run_at,
@@ -379,10 +532,11 @@ class BeatEntries:
                                 total_run_count=claim.state.total_run_count, app=self.app)
             self.apply_entry(message)
             if message.send_error is not None:
-                self._undo(claim, read.get(claim.name), message.send_error, now)
+                self._undo(claim, read.get(claim.name), message.send_error, now,
+                           entry.schedule_key)
 
     def _undo(self, claim: EntryClaim, before: str | None, error: BaseException,
-              now: float) -> None:
+              now: float, key: str) -> None:
         """The send failed after the claim: put the state it replaced back, so the due time
         stays due and the next tick tries again (never skipped)."""
         restore = before if before is not None else EntryState(
@@ -392,7 +546,7 @@ class BeatEntries:
         result = self.store.write(self.token, (back,))
         self._written(result)
         if result is not None and result.written.get(claim.name):
-            self.entries[claim.name].remember(back.state)
+            self._remember(claim.name, back.state, key)
         logger.warning("schedule entry %r was not sent (%s: %s); it stays due and is tried "
                        "again in %gs", claim.name, type(error).__name__, error, RESEND_AFTER_S)
 
@@ -431,5 +585,6 @@ def entry_summaries(entries: Mapping[str, LoadedEntry]) -> list[dict[str, Any]]:
             for e in sorted(entries.values(), key=lambda e: e.name)]
 
 
-__all__ = ["BeatEntries", "CeleryTiming", "EntrySend", "LoadedEntry", "code_entries",
-           "entry_summaries", "runtime_entry", "schedule_key", "schedule_of"]
+__all__ = ["BeatEntries", "CeleryTiming", "CodeEntries", "EntrySend", "LoadedEntry",
+           "beat_schedule_table", "code_entries", "entry_summaries", "runtime_entry",
+           "schedule_key", "schedule_of"]

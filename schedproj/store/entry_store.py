@@ -3,8 +3,9 @@ compared and set under the beat lock), runtime definitions and the operator's se
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import islice
 
 import redis
 
@@ -21,6 +22,16 @@ READ_LIMIT = 1000
 #: Writes are sent in groups of this many entries per script call (each call is atomic;
 #: a call with hundreds of thousands would hold Redis for too long).
 WRITE_CHUNK = 2000
+#: Every entry's state and description is read and written this many at a time: beat never
+#: holds the text of all of them at once (100,000 entries' strings were 15 MiB at a time, and
+#: the memory they took stayed with the process, fragmented, after they were freed).
+SCAN_CHUNK = 1000
+
+
+def _chunks(pairs: Iterable[tuple[str, str]], size: int) -> Iterator[list[tuple[str, str]]]:
+    it = iter(pairs)
+    while chunk := list(islice(it, size)):
+        yield chunk
 
 
 @dataclass(frozen=True)
@@ -61,9 +72,11 @@ class EntryStore:
         return DueEntries(states=states, paused=frozenset(map(str, paused)),
                           forced=frozenset(map(str, forced)), more=len(names) >= READ_LIMIT)
 
-    def all_states(self) -> dict[str, str]:
-        """Every entry's stored state (a beat taking over reads them all once)."""
-        return {str(k): str(v) for k, v in self.client.hgetall(self.keys.entries).items()}
+    def all_states(self) -> Iterator[tuple[str, str]]:
+        """Every entry's stored state (a beat taking over reads them all once), read
+        :data:`SCAN_CHUNK` at a time (``HSCAN``: a state written meanwhile may come twice)."""
+        for name, raw in self.client.hscan_iter(self.keys.entries, count=SCAN_CHUNK):
+            yield str(name), str(raw)
 
     def write(self, token: str, claims: Sequence[EntryClaim], *,
               looks: Mapping[str, float] = {}, removed: Sequence[str] = ()) -> WriteResult | None:
@@ -107,14 +120,20 @@ class EntryStore:
                 return False
         return True
 
-    def publish(self, info: Mapping[str, str]) -> None:
-        """Replace what operators read of the entries (``Keys.entries_info``)."""
-        pipe = self.client.pipeline(transaction=True)
-        pipe.delete(self.keys.entries_info)
-        items = list(info.items())
-        for i in range(0, len(items), 10000):
-            pipe.hset(self.keys.entries_info, mapping=dict(items[i:i + 10000]))
-        pipe.execute()
+    def publish(self, info: Iterable[tuple[str, str]]) -> None:
+        """Replace what operators read of the entries (``Keys.entries_info``): written
+        :data:`SCAN_CHUNK` at a time to a key of its own, renamed over the old one once
+        complete, so a reader sees the old listing or the new one, never a part."""
+        k = self.keys
+        self.client.delete(k.entries_info_staging)
+        wrote = False
+        for chunk in _chunks(info, SCAN_CHUNK):
+            self.client.hset(k.entries_info_staging, mapping=dict(chunk))
+            wrote = True
+        if wrote:
+            self.client.rename(k.entries_info_staging, k.entries_info)
+        else:
+            self.client.delete(k.entries_info)
 
     def put_back(self, states: Mapping[str, str]) -> int:
         """Write remembered states where Redis holds none (after Redis lost its state);
@@ -181,4 +200,5 @@ class EntryStore:
         pipe.ltrim(self.keys.wake, 0, 63)
 
 
-__all__ = ["ANY", "NONE", "READ_LIMIT", "DueEntries", "EntryStore", "WriteResult"]
+__all__ = ["ANY", "NONE", "READ_LIMIT", "SCAN_CHUNK", "DueEntries", "EntryStore",
+           "WriteResult"]

@@ -186,6 +186,12 @@ class Keys:
         return f"{self.prefix}:entries:info"
 
     @property
+    def entries_info_staging(self) -> str:
+        """Hash: :attr:`entries_info` while beat writes it afresh, in parts (renamed over it
+        when complete, so readers see the old listing or the new one, never part of one)."""
+        return f"{self.prefix}:entries:info:staging"
+
+    @property
     def entries_paused(self) -> str:
         """Set: schedule entries an operator paused (never sent until resumed)."""
         return f"{self.prefix}:entries:paused"

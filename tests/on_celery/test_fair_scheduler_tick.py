@@ -209,3 +209,45 @@ def test_killed_run_is_recorded_lost_by_the_next_tick(
     assert run.get("running_task_id") != "killed-1" or run.get("last_task_id") == "killed-1"
     # The lost run counts as a (failed) run now, so the lane that never ran goes first.
     assert [m["task"] for m in sent(broker, "heavy")] == ["t.heavy-b"]
+
+
+def two_light_lanes(app: Celery) -> None:
+    @app.task(shared=False, base=LaneTask, name="t.light-a",
+              lane=Lane(cadence_s=60, kind=LaneKind.LIGHT))
+    def light_a() -> None: ...
+
+    @app.task(shared=False, base=LaneTask, name="t.light-b",
+              lane=Lane(cadence_s=60, kind=LaneKind.LIGHT))
+    def light_b() -> None: ...
+
+
+def test_an_idle_tick_plans_nothing_and_the_next_change_is_planned(
+        key_prefix: str, broker: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tick that reads nothing due or changed skips the planner (an empty plan would decide,
+    write and send nothing) yet moves on as one: the lane resumed next is read and sent at the
+    next tick."""
+    import schedproj.on_celery.beat as beat_module
+
+    planned: list[list[str]] = []
+    real_plan_tick = beat_module.plan_tick
+
+    def counted(lanes, *args, **kwargs):  # type: ignore[no-untyped-def]
+        planned.append(sorted(spec.name for spec in lanes))
+        return real_plan_tick(lanes, *args, **kwargs)
+
+    monkeypatch.setattr(beat_module, "plan_tick", counted)
+    sched = FairScheduler(app=build(key_prefix, two_light_lanes))
+    sched.rt.store.pause("t.light-b")
+    sched.tick()
+    assert [m["task"] for m in sent(broker, "light")] == ["t.light-a"]
+    before = len(planned)
+    for _ in range(3):
+        began = time.time()
+        sched.tick()
+        assert sched.memory.cursor is not None and sched.memory.cursor >= began
+    assert len(planned) == before, f"idle ticks planned {planned[before:]}"
+    sched.rt.store.resume("t.light-b")
+    sched.tick()
+    assert planned[-1] == ["t.light-b"]
+    assert sorted(m["task"] for m in sent(broker, "light")) == ["t.light-a", "t.light-b"]
+    sched.close()

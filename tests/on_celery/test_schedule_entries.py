@@ -332,3 +332,41 @@ def test_thousands_due_at_once_are_sent_over_ticks_within_a_budget(
         ticks += 1
     assert len(states(redis_client, key_prefix)) == 350 and ticks == 4
     sched.close()
+
+
+def test_judging_leaves_the_apps_schedule_objects_as_they_were(
+        key_prefix: str, queues: redis.Redis) -> None:
+    """Beat asks a copy: Celery's ``is_due`` caches the time zone in the object it is asked
+    of, which gives each of the app's schedule objects a dict of its own (6 MiB at 100,000
+    entries). The copies judge as the originals would: the entries still run."""
+    # The crontab is not due within the test (two hours ahead); it is judged all the same.
+    every, cron = schedule(0.2), crontab(minute=0, hour=(datetime.now(UTC).hour + 2) % 24)
+    sched = FairScheduler(app=app_with(key_prefix, {
+        "every": {"task": "shop.report", "schedule": every},
+        "cron": {"task": "shop.report", "schedule": cron}}))
+    sched.tick()
+    time.sleep(0.25)
+    sched.tick()
+    assert [m["task"] for m in messages(queues, "celery")] == ["shop.report"]
+    assert "tz" not in vars(every) and "tz" not in vars(cron)
+    sched.close()
+
+
+def test_what_beat_remembers_of_an_entry_is_put_back_whole(key_prefix: str) -> None:
+    """The remembered states are kept in columns: a state measured from another schedule is
+    not taken, a count past 32 bits is kept whole, and each comes back as it was stored."""
+    from schedproj.on_celery.entries import beat_schedule_table
+
+    app = app_with(key_prefix, {"b": {"task": "shop.report", "schedule": 60.0},
+                                "a": {"task": "shop.report", "schedule": crontab(minute=5)}})
+    table = beat_schedule_table(app)
+    assert list(table) == ["a", "b"] and "b" in table and "c" not in table
+    a_key, b_key = table["a"].schedule_key, table["b"].schedule_key
+    table.remember("b", EntryState(100.5, 2**40, b_key))
+    table.remember("a", EntryState(7.25, 3, "another schedule"))
+    assert dict(table.remembered()) == {"b": EntryState(100.5, 2**40, b_key)}
+    table.remember("a", EntryState(7.25, 3, a_key))
+    table.remember("c", EntryState(1.0, 1, a_key))
+    assert dict(table.remembered()) == {"a": EntryState(7.25, 3, a_key),
+                                        "b": EntryState(100.5, 2**40, b_key)}
+    assert (table["a"].last_run_at, table["a"].runs) == (7.25, 3)
