@@ -310,15 +310,18 @@ class Simulation:
         """The due index and what it keeps beside (unused when planning every lane)."""
         self.index = LaneIndex(by_order=self.v.policy is Policy.REGISTRY)
         self.position = {rt.name: i for i, rt in enumerate(self.rts)}
-        blockers = {g.blocker for rt in self.rts for g in rt.spec.gates}
-        # Planned at every decision, as beat reads them every tick: gate blockers and members
-        # of a family a gate names (a gate judges their views), and calendar lanes (their
-        # missed fire times are counted as time passes, due or not).
-        self.always = {rt.name for rt in self.enabled
-                       if rt.name in blockers or rt.spec.family in blockers
-                       or rt.spec.calendar is not None}
+        # Planned at every decision: calendar lanes (their missed fire times are counted as
+        # time passes, due or not).
+        self.always = {rt.name for rt in self.enabled if rt.spec.calendar is not None}
         # Only lanes with gates can set off a trigger (a gate's max_defer_s running out).
         self.gated = [rt for rt in self.enabled if rt.spec.gates]
+        #: What each gated lane's gates judge: the blockers, and the members of a family a
+        #: gate names. Beat reads them every tick; the simulator plans them with a gated lane
+        #: it plans (a gate is judged only for a lane that is due, and a due lane is planned).
+        self.blockers_of = {
+            rt.name: frozenset(x.name for x in self.enabled for g in rt.spec.gates
+                               if g.blocker in (x.name, x.spec.family))
+            for rt in self.gated}
         #: Heavy lanes due and not started: when each became due (``_Lane.due_since``).
         self.heavy_due: dict[str, float] = {}
         #: The same as a heap (stale entries dropped when they come up): the earliest in O(1).
@@ -488,6 +491,8 @@ class Simulation:
         focus.update(index.leaders(t))
         if self.lease is not None:
             focus.add(self.lease.lane)
+        for gated in focus.intersection(self.blockers_of):
+            focus.update(self.blockers_of[gated])
         position = self.position
         lanes = [self.by_name[n] for n in sorted(focus, key=position.__getitem__)]
         plan, states = self._plan_lanes(lanes, t)
