@@ -518,8 +518,10 @@ class Simulation:
         if self.planning is Planning.FULL:
             return wait
         index = self.index
-        # Lanes planned always need no filing: the plan's own next_due_in_s covers them.
-        for name in index.dirty.union(plan.states).difference(self.always):
+        # Lanes planned always need no filing: the plan's own next_due_in_s covers them; a
+        # waiting lane planned as a leader and unchanged stays where it is.
+        filed = index.dirty.union(plan.states.keys() - index.waiting.keys())
+        for name in filed.difference(self.always):
             self._file(self.by_name[name], t)
         index.dirty.clear()
         wake = index.next_wake()
