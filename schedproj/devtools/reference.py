@@ -2,14 +2,16 @@
 
 Settings from :class:`schedproj.settings.Settings` (and the REM lanes' ``RemSettings``), the
 command line from its click commands, metrics from the exporter's catalog, lane options from
-the :class:`~schedproj.core.lanes.Lane` dataclasses and their ``#:`` comments. The docs build
+the :class:`~schedproj.core.lanes.Lane` dataclasses and their ``#:`` comments, the status JSON
+from its catalog (:data:`schedproj.telemetry.status_fields.CATALOG`). The docs build
 (``docs/hooks.py``) calls :func:`pages` every time, so the reference cannot drift from the code;
 anything without its words (a setting without a description, a lane option without a ``#:``
 comment, a command-line option without help) stops the build instead of leaving a blank.
 
 Every entry carries an anchor (``setting-<VARIABLE>``, ``cli-<command>-<param>``,
 ``metric-<name>``, ``option-lane-<option>``, ``option-family-<option>``,
-``option-gate-<option>``), which ``tests/test_docs.py`` reads back from the built site.
+``option-gate-<option>``), which ``tests/test_docs.py`` reads back from the built site, and
+``status-<key path>``, which ``tests/telemetry/test_status_reference.py`` checks.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import inspect
 import re
 import types
 import typing
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any
 
 import click
@@ -363,10 +365,63 @@ def lanes_page() -> str:
     ])
 
 
+# -- status JSON --------------------------------------------------------------------------------
+def status_anchor(path: str) -> str:
+    """A key path's anchor: ``lanes[].next_fire_utc`` -> ``lanes-next_fire_utc``,
+    ``errors.<lane>`` -> ``errors-lane``."""
+    return re.sub(r"[^A-Za-z0-9_]+", "-", path).strip("-")
+
+
+def status_rows(fields: list[Any], sections: Collection[str] = ()) -> Iterator[str]:
+    """The catalog's rows; a key whose own keys have a section below links to it."""
+    from schedproj.telemetry.status_fields import Source
+
+    yield "| key | type | meaning |"
+    yield "| --- | --- | --- |"
+    for f in fields:
+        if not f.meaning:
+            raise MissingWords(f"status JSON field {f.path} has no meaning in the catalog")
+        notes = [f"Only when {f.only_when}."] if f.only_when else []
+        notes += [f"Only in `{f.source.value}`."] if f.source is not Source.BOTH else []
+        notes += [f"Its keys: [below](#{f.path})."] if f.path in sections else []
+        yield (f"| {anchor('status', status_anchor(f.path))}{code(f.path)} | {cell(f.type)} | "
+               f"{cell(' '.join([f.meaning, *notes]))} |")
+
+
+def status_page() -> str:
+    from schedproj.telemetry.status_fields import CATALOG
+
+    top = [f for f in CATALOG if "." not in f.path and "[]" not in f.path]
+    parts = {f.path: [g for g in CATALOG if g.path.startswith((f"{f.path}.", f"{f.path}[]."))]
+             for f in top}
+    lines = [
+        "# Status JSON", "",
+        "`schedproj status --json` prints, and the status page serves on `/api/status`, one",
+        "JSON object: the deployment as the status table shows it, read from Redis only. This",
+        "page is generated from the catalog of its keys",
+        "(`schedproj.telemetry.status_fields.CATALOG`), which a test checks against real status",
+        "JSON both ways. Times are epoch seconds (UTC), durations seconds; a key listed here is",
+        "always there (wherever its parent is) unless its meaning says when. A path `a[].b` is",
+        "key `b` of each object in list `a`; `errors.<lane>` stands for every key of a map",
+        "whose keys are data.", "",
+        "The two differ only in the schedule entries: the command lists them all and their",
+        "unreadable keys in `entry_problems`; `/api/status` lists the earliest due first, up",
+        "to a cap, with `entries_total`, and adds their problems to `problems`. With",
+        "`--family NAME` the command's `lanes` are that family's members.",
+        "See also: [schedproj status](cli.md#schedproj-status),",
+        "[Operate](../operate.md).", "",
+        "## Top level", "", *status_rows(top, {p for p, rows in parts.items() if rows}), ""]
+    for f in top:
+        if parts[f.path]:
+            lines += [f"## `{f.path}`", "", *status_rows(parts[f.path]), ""]
+    return "\n".join(lines)
+
+
 def pages() -> dict[str, str]:
     """Each generated page's path inside the docs, and its Markdown."""
     return {"reference/settings.md": settings_page(), "reference/cli.md": cli_page(),
-            "reference/metrics.md": metrics_page(), "reference/lanes.md": lanes_page()}
+            "reference/metrics.md": metrics_page(), "reference/lanes.md": lanes_page(),
+            "reference/status.md": status_page()}
 
 
 __all__ = ["MissingWords", "comment_docs", "pages"]
