@@ -59,6 +59,12 @@ LANE_STATES = ("idle", "due", "deferred", "running", "paused", "paused, running"
                "disabled by profile")
 
 
+def _setting(name: str) -> str:
+    """A setting named in a meaning, linked to its entry on the settings page (the docs build
+    fails if it has none)."""
+    return f"([`{name}`](settings.md#setting-{name}))"
+
+
 def _values(enum: Any) -> str:
     return ", ".join(f"`{member.value}`" for member in enum)
 
@@ -93,7 +99,7 @@ CATALOG: tuple[StatusField, ...] = (
     _F("undeclared_lanes", "list of text", "Lanes with state under this key prefix that the "
        "last beat does not declare: another app's beat runs with the same prefix."),
     _F("starving", "list of text", "Lanes deferred longer than the starvation threshold "
-       "(`SCHEDPROJ_STARVATION_THRESHOLD_S`)."),
+       + _setting("SCHEDPROJ_STARVATION_THRESHOLD_S") + "."),
     _F("undispatched", "list of objects", f"Lanes due for over {UNDISPATCHED_AFTER_S:g} s "
        "with beat neither dispatching, deferring nor pausing them: scheduling stopped for "
        "them (is beat running?)."),
@@ -103,9 +109,10 @@ CATALOG: tuple[StatusField, ...] = (
     _F("missing", "list of text", f"Heavy calendar lanes that missed their last {_IN_A_ROW} "
        "fire times in a row (their catch-up window passed unrun) and are not running now."),
     _F("lease_over_cap", "true/false", "The run holding the lease has held it past the hold "
-       "cap (`SCHEDPROJ_HOLD_CAP_S`)."),
+       "cap " + _setting("SCHEDPROJ_HOLD_CAP_S") + "."),
     # -- lanes -----------------------------------------------------------------------------
-    _F("lanes", "list of objects", "One row per lane of its own, in declared order; family "
+    _F("lanes", "list of objects", "One row per lane of its own, by declared `order` then name; "
+       "family "
        "members are folded into `families`. With `--family NAME` (CLI only): that family's "
        "members instead."),
     _F("lanes[].name", "text", "The lane's name (a member's is `family[key]`)."),
@@ -114,8 +121,8 @@ CATALOG: tuple[StatusField, ...] = (
     _F("lanes[].deployment", "text", f"Its deployment class: one of "
        f"{_values(DeploymentClass)}."),
     _F("lanes[].enabled", "true/false", "Whether the deployment profile "
-       "(`SCHEDPROJ_PROFILE`) runs it."),
-    _F("lanes[].paused", "true/false", "Paused by an operator (`schedproj pause`)."),
+       + _setting("SCHEDPROJ_PROFILE") + " runs it."),
+    _F("lanes[].paused", "true/false", "Paused by an operator (`schedproj pause NAME`)."),
     _F("lanes[].cadence_s", "number", "Its cadence in seconds (a calendar lane's: the nominal "
        "period of its schedule)."),
     _F("lanes[].last_run_at", "number or null", "When its last run ended (epoch seconds); "
@@ -145,7 +152,8 @@ CATALOG: tuple[StatusField, ...] = (
     _F("lanes[].timezone", "text or null", f"The IANA zone {_CAL} fire times are read in; "
        "null for a cadence lane, or when not known here."),
     _F("lanes[].next_fire_at", "number or null", f"{_CAL} next fire time (epoch seconds); "
-       "null: a cadence lane, or a schedule that fires no more and has no due-index look."),
+       "null: a cadence lane, a schedule that fires no more, or one only its own code "
+       "computes while the due index has no look for it."),
     _F("lanes[].missed", "integer", f"Fire times {_CAL[2:]} catch-up window skipped, in all "
        "(0 for a cadence lane)."),
     _F("lanes[].missed_through", "number or null", "The latest fire time it skipped (epoch "
@@ -167,11 +175,12 @@ CATALOG: tuple[StatusField, ...] = (
     _F("families[].family", "text", "The family's name."),
     _F("families[].kind", "text", f"One of {_values(LaneKind)}."),
     _F("families[].members", "integer", "How many members it has."),
-    _F("families[].due", "integer", "Members due now."),
-    _F("families[].deferred", "integer", "Members deferred now."),
+    _F("families[].due", "integer", "Members due and waiting (neither deferred nor "
+       "running)."),
+    _F("families[].deferred", "integer", "Members deferred now (not running)."),
     _F("families[].running", "integer", "Members in flight."),
-    _F("families[].max_ratio", "number or null", "The worst member's staleness ratio; null "
-       "when infinite (a member never ran)."),
+    _F("families[].max_ratio", "number or null", "The worst member's staleness ratio (0 "
+       "while no member has state); null when infinite (a member never ran)."),
     _F("families[].worst", "text or null", "The member with that ratio; null: no member has "
        "state yet."),
     _F("families[].schedule", "text or null", "A calendar family's schedule in words; null: a "
@@ -203,8 +212,10 @@ CATALOG: tuple[StatusField, ...] = (
     _F("errors", "map of text", "Scheduling errors by lane: a due-check that raised, lane state "
        "that cannot be read (`<lease>`: the lease record)."),
     _F("errors.<lane>", "text", "The error and its fix.", only_when="that lane has an error"),
+    # The pipe as an HTML entity: in a Markdown table cell an escaped pipe in code shows its
+    # backslash.
     _F("counters", "map of integer", "The deployment's labelled counters, as "
-       "[metrics](metrics.md) export them: keys `KIND|LABEL`, KIND one of "
+       "[metrics](metrics.md) export them: keys <code>KIND&#124;LABEL</code>, KIND one of "
        f"{_values(CounterKind)}."),
     _F("counters.<counter>", "integer", "The count.", only_when="the counter has counted"),
     _F("lease_acquisitions", "integer", f"Heavy lease grants in all (`{LEASE_ACQUISITIONS}`)."),
@@ -218,8 +229,8 @@ CATALOG: tuple[StatusField, ...] = (
     _F("pressure.current.lane", "text", "The waiting lane."),
     _F("pressure.current.cadence_s", "number", "Its cadence (seconds)."),
     _F("pressure.current.last_run_at", "number or null", "Its last run's end; null: never ran."),
-    _F("pressure.current.priority0", "true/false", "It is a priority-0 lane (the holder "
-       "yields to it at its next checkpoint, whatever its ratio)."),
+    _F("pressure.current.priority0", "true/false", "It is a priority-0 lane: it presses "
+       "whatever its ratio."),
     _F("pressure.current.fence", "integer", "The lease hold it presses on."),
     _F("pressure.current.at", "number", "When beat saw it (epoch seconds)."),
     _F("pressure.current.ratio", "number or null", "Its staleness ratio now; null when "
@@ -249,7 +260,7 @@ CATALOG: tuple[StatusField, ...] = (
     _F("entries[].runs", "integer", "Times sent in all."),
     _F("entries[].next_due_at", "number or null", "When it is next due (epoch seconds); "
        "null: not in the due index."),
-    _F("entries[].paused", "true/false", "Paused by an operator (`schedproj entry pause`)."),
+    _F("entries[].paused", "true/false", "Paused by an operator (`schedproj pause NAME`)."),
     _F("entries[].problem", "text", "Why its state or definition cannot be read (empty when "
        "it can)."),
     _F("entry_problems", "list of text", "The schedule entries' keys that cannot be read, "
