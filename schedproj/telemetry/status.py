@@ -175,6 +175,9 @@ def undispatched_line(now: float, lanes: list[dict[str, Any]]) -> str:
 
 
 def as_json(obs: Observation, health: Health, family: str | None = None) -> dict[str, Any]:
+    """The status as JSON (``schedproj status --json``, ``/api/status``). Every key, here and in
+    the rows and dataclasses below, has its line in ``status_fields.CATALOG``, which the
+    reference page is generated from; a test fails on a key the catalog lacks."""
     return {
         "now": obs.now,
         "posture": health.posture.value,
