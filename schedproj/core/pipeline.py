@@ -6,16 +6,19 @@ Stages, in order (as in the original orchestrator):
    a lane is still viewed as a gate's blocker: a paused lane that runs still holds back the
    lanes gated on it, though it never counts as due);
 2. drop lanes not due or already running / in flight;
-3. defer heavy candidates while the lease is held;
+3. defer heavy candidates while the lease is held (more generally: while their pool has no
+   free slot; the default pool ``heavy`` has one, the lease);
 4. apply soft gates (deferral only, with reason codes; the legacy registry policy applies only
    the gates the legacy system had);
-5. pick the heavy winner; the other due heavy lanes are deferred behind it;
+5. pick the heavy winner; the other due heavy lanes are deferred behind it. Per pool
+   (``core.pools.grant``): the default pool's grant is the winner, and grants in the other
+   pools are ``pool_grants`` — with only the default pool this is exactly the one-lease pick;
 6. every surviving light lane is dispatched in the same tick (``also_dispatched``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
 
@@ -24,6 +27,7 @@ from schedproj.core.deferrals import Deferral, continue_streak
 from schedproj.core.due import NEVER, due_at
 from schedproj.core.lanes import DeferralReason, Gate, LaneKind, LaneSpec, Profile, enabled_under
 from schedproj.core.picker import Policy, pick
+from schedproj.core.pools import DEFAULT_POOL, Grant, Pool, grant, pools_by_name
 from schedproj.core.records import LaneState, LeaseView, SchedRecord
 from schedproj.core.views import LaneView, view_all, view_lane
 
@@ -41,6 +45,13 @@ class Decision:
     #: What the gates saw: ``views`` plus family views and paused or unreadable blockers
     #: (``pressure.measure`` judges the waiting lanes' gates on these same views).
     gate_views: Mapping[str, LaneView] = field(default_factory=dict, compare=False)
+    #: Slots granted in pools beyond the default (whose grant is ``winner``). Core only so
+    #: far: they are not in ``dispatched``, and nothing sends them until the slot leases are
+    #: wired (each needs its own fenced slot lease, as the winner needs the lease).
+    pool_grants: tuple[Grant, ...] = ()
+    #: Pools whose free slots wait for a lane needing more than are free (``pools.grant``'s
+    #: backfill rule): pool -> lane.
+    reserved: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def dispatched(self) -> tuple[str, ...]:
@@ -99,15 +110,20 @@ def decide(
     forced: Collection[str] = (),
     policy: Policy = Policy.STALENESS,
     inflight_grace_s: float = 0.0,
+    pools: Mapping[str, Pool] | None = None,
+    holders: Mapping[str, Sequence[str]] | None = None,
 ) -> Decision:
     """Decide one tick. Neither argument is mutated; the result does not depend on the order
     in which ``lanes`` are given. ``paused`` lanes are left out; ``forced`` lanes (an
     operator's "run now") are due whatever their cadence, and still need the lease. A light
-    run counts as in flight ``inflight_grace_s`` past its mark (see ``views.is_in_flight``)."""
+    run counts as in flight ``inflight_grace_s`` past its mark (see ``views.is_in_flight``).
+    ``pools`` and ``holders``: see :func:`_pick_heavy` (None, None: the lease alone)."""
     specs = eligible(lanes, states, profile, excluded={*unreadable, *paused})
     views = view_all(specs, states, lease, now, probes or {}, forced, inflight_grace_s)
     held_back = blocker_views(lanes, states, lease, now, profile, views, unreadable,
                               inflight_grace_s)
+    table, busy, full = _pool_state(lease, pools, holders)
+    views, held_back = _holding(views, busy), _holding(held_back, busy)
     named = {g.blocker for s in specs for g in s.gates}
     gate_views = {**gates.family_views({**held_back, **views}, named), **held_back, **views}
     candidates = [v for v in views.values() if v.due and not v.in_flight]
@@ -124,8 +140,8 @@ def decide(
 
     for view in candidates:
         is_heavy = view.spec.kind is LaneKind.HEAVY
-        if is_heavy and lease is not None:
-            defer(view.name, DeferralReason.LEASE_HELD, lease.lane)
+        if is_heavy and (view.spec.pool in full or view.spec.pool not in table):
+            defer(view.name, DeferralReason.LEASE_HELD, _first(busy, view.spec.pool))
             continue
         if view.spec.gates:
             gate, lapsed = gates.evaluate(view, gate_views, sched(view.name).deferral, now,
@@ -136,15 +152,72 @@ def decide(
                 continue
         (heavy if is_heavy else light_views).append(view)
 
-    winner = pick(heavy, policy)
-    if winner is not None:
-        for view in heavy:
-            if view.name != winner.name:
-                defer(view.name, DeferralReason.BACKPRESSURE, winner.name)
-    return Decision(winner=winner.name if winner else None,
-                    also_dispatched=tuple(v.name for v in light_views),
+    winner, pool_grants, reserved = _pick_heavy(heavy, policy, table, busy, defer)
+    return Decision(winner=winner, also_dispatched=tuple(v.name for v in light_views),
                     deferred=tuple(deferred), expired_gates=tuple(expired), views=views,
-                    gate_views=gate_views)
+                    gate_views=gate_views, pool_grants=pool_grants, reserved=reserved)
+
+
+def _pool_state(lease: LeaseView | None, pools: Mapping[str, Pool] | None,
+                holders: Mapping[str, Sequence[str]] | None,
+                ) -> tuple[dict[str, Pool], dict[str, Sequence[str]], set[str]]:
+    """(the pools by name, the lanes holding each pool's busy slots — the default pool's is
+    the lease's —, the pools with no free slot). A heavy lane of a full pool (the default
+    pool: the lease held) waits before any gate is looked at, as does a lane of a pool beat
+    does not serve."""
+    table = pools_by_name(pools)
+    busy = {**(holders or {}), DEFAULT_POOL: [lease.lane] if lease is not None else []}
+    full = {name for name, pool in table.items() if len(busy.get(name, ())) >= pool.slots}
+    return table, busy, full
+
+
+def _holding(views: dict[str, LaneView], busy: Mapping[str, Sequence[str]]
+             ) -> dict[str, LaneView]:
+    """``views`` with every heavy lane holding a slot of its pool in flight (the default
+    pool's holder already is: ``views.view_lane`` sees the lease)."""
+    if len(busy) == 1:  # the default pool alone: nothing to add
+        return views
+    return {name: (replace(v, in_flight=True)
+                   if v.spec.heavy and not v.in_flight and name in busy.get(v.spec.pool, ())
+                   else v)
+            for name, v in views.items()}
+
+
+def _first(busy: Mapping[str, Sequence[str]], pool: str) -> str | None:
+    """A lane holding a slot of ``pool`` (None: none known)."""
+    return next(iter(busy.get(pool, ())), None)
+
+
+def _pick_heavy(heavy: list[LaneView], policy: Policy, pools: Mapping[str, Pool],
+                busy: Mapping[str, Sequence[str]],
+                defer: Callable[[str, DeferralReason, str | None], None],
+                ) -> tuple[str | None, tuple[Grant, ...], Mapping[str, str]]:
+    """Stage 5, per pool (``pools``: the declared pools, the default one's slot the lease;
+    ``busy``: per pool, the lane holding each busy slot, which is in flight): returns
+    (the default pool's winner, the other pools' grants, the pools reserving),
+    deferring the heavy lanes not granted: behind this tick's grant or the lane their pool
+    reserves for (backpressure), else behind a holder (the lease held). The legacy registry
+    policy knows no pools: one winner among all heavy lanes, as the legacy system had."""
+    if policy is Policy.REGISTRY:
+        legacy = pick(heavy, policy)
+        if legacy is not None:
+            for view in heavy:
+                if view.name != legacy.name:
+                    defer(view.name, DeferralReason.BACKPRESSURE, legacy.name)
+        return (legacy.name if legacy else None), (), {}
+    result = grant(heavy, pools, busy)
+    granted = set(result.lanes)
+    ahead = granted | set(result.reserved.values())
+    waiting = result.waiting
+    for view in heavy:  # in the candidates' order, as before pools
+        name = view.spec.name
+        if name not in granted:
+            blocker = waiting.get(name)
+            defer(name, DeferralReason.BACKPRESSURE if blocker in ahead
+                  else DeferralReason.LEASE_HELD, blocker)
+    winner = next((g.lane for g in result.granted if g.pool == DEFAULT_POOL), None)
+    return (winner, tuple(g for g in result.granted if g.pool != DEFAULT_POOL),
+            result.reserved)
 
 
 def seconds_until_next_due(views: Mapping[str, LaneView], states: Mapping[str, LaneState],

@@ -20,7 +20,7 @@ from __future__ import annotations
 import heapq
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -227,17 +227,23 @@ def grant(candidates: Iterable[LaneView], pools: Mapping[str, Pool],
     if not (isinstance(backfill_ratio, int | float) and math.isfinite(backfill_ratio)
             and backfill_ratio >= 0):
         raise ValueError(f"backfill_ratio must be a finite number >= 0, got {backfill_ratio!r}")
-    from schedproj.core.picker import rank_key  # picker imports views: import when used
+    # lanes imports this module, and picker imports views, which imports lanes: import here.
+    from schedproj.core.lanes import LaneKind
+    from schedproj.core.picker import rank_key
 
     by_pool: dict[str, dict[str, LaneView]] = {}
     holding = {lane for lanes in holders.values() for lane in lanes}
-    for view in candidates:
+    for view in candidates:  # a tick may bring 10,000 due family members: kept lean
         spec = view.spec
-        pool = pools.get(spec.pool)
-        if (not spec.heavy or pool is None or spec.slots > pool.slots
-                or view.name in holding):
+        lanes = by_pool.get(spec.pool)
+        if lanes is None:
+            if spec.pool not in pools:
+                continue
+            lanes = by_pool[spec.pool] = {}
+        if (spec.name in lanes or spec.name in holding or spec.kind is not LaneKind.HEAVY
+                or spec.slots > pools[spec.pool].slots):
             continue
-        by_pool.setdefault(spec.pool, {}).setdefault(view.name, view)
+        lanes[spec.name] = view
 
     granted: list[Grant] = []
     waiting: dict[str, str | None] = {}
@@ -256,27 +262,46 @@ def _grant_pool(pool: Pool, lanes: Mapping[str, LaneView], busy: Sequence[str],
     """One pool's walk of :func:`grant`: appends its grants and waits; returns the lane the
     pool reserves for (None: it does not reserve)."""
     free = max(0, pool.slots - len(busy))
-    # A heap, not a sort: a tick walks only as far as the free slots last (10,000 due
-    # members of one family cost one heapify, not a full sort).
-    heap = [(rank_key(v), v.name) for v in lanes.values()]
-    heapq.heapify(heap)
-    first: str | None = None  # the pool's top grant this tick
+    mine: list[str] = []  # granted, best first
+    walked: dict[str, str | None] = {}  # walked past, with the lane each waits behind
     reserving: str | None = None
-    while heap and free > 0 and reserving is None:
-        _, lane = heapq.heappop(heap)
-        view = lanes[lane]
+    for view in _in_rank_order(lanes, free, rank_key):
+        lane = view.name
         if view.spec.slots <= free:
             granted.append(Grant(lane, pool.name, view.spec.slots))
+            mine.append(lane)
             free -= view.spec.slots
-            first = first or lane
-            continue
-        waiting[lane] = first or _holder(busy)
-        if reserves(view, backfill_ratio):
-            reserving = lane
-    behind = first or reserving or _holder(busy)
-    for _, lane in heap:
-        waiting[lane] = behind
+        else:
+            walked[lane] = mine[0] if mine else _holder(busy)
+            if reserves(view, backfill_ratio):
+                reserving = lane
+        if free == 0 or reserving is not None:
+            break  # before the generator ranks the rest
+    # The lanes not walked all wait behind one lane: filled at C speed (a tick may rank
+    # 10,000 due family members and walk one or two of them).
+    rest: dict[str, str | None] = dict.fromkeys(
+        lanes, mine[0] if mine else reserving or _holder(busy))
+    rest.update(walked)
+    for lane in mine:
+        del rest[lane]
+    waiting.update(rest)
     return reserving
+
+
+def _in_rank_order(lanes: Mapping[str, LaneView], free: int,
+                   rank_key: Callable[[LaneView], Any]) -> Iterator[LaneView]:
+    """The pool's lanes best first, ranked lazily: a walk usually ends after the first few
+    (one, for the default pool's single slot), so those come from one pass over the lanes
+    (``heapq.nsmallest``; a tick may rank 10,000 due family members) and the rest are sorted
+    only if the walk goes on past them."""
+    if free == 0 or not lanes:
+        return
+    values = lanes.values()
+    head = ([min(values, key=rank_key)] if free == 1
+            else heapq.nsmallest(free, values, key=rank_key))
+    yield from head
+    if len(head) < len(lanes):
+        yield from sorted(values, key=rank_key)[len(head):]
 
 
 def _holder(busy: Sequence[str]) -> str | None:
