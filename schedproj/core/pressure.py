@@ -96,7 +96,8 @@ def measure(decision: Decision, states: Mapping[str, LaneState], lease: LeaseVie
     empty = LaneState()
     waiting = []
     for view in decision.views.values():
-        if not view.spec.heavy or not view.due or view.in_flight:
+        if not view.spec.heavy or not view.due or view.in_flight or view.name == lease.lane:
+            # (The holder itself: a lease granted this tick is not yet in its view.)
             continue
         deferral = states.get(view.name, empty).sched.deferral
         gate, _ = gates.evaluate(view, gate_views, deferral, now, legacy=legacy)

@@ -309,7 +309,7 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
             next_look = entries_look if next_look is None else min(next_look, entries_look)
         if plan is not None:
             e.pressure.publish(plan.decision, snap, now, states=plan.states,
-                               partial=skipped > 0)
+                               partial=skipped > 0, granted=e.dispatcher.granted)
         e.families.sync(now)
         e.lanes.keep_only(e.memory.states)
         interval = self._wait(plan, next_look, now)

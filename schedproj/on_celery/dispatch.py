@@ -25,7 +25,7 @@ from schedproj.core.pipeline import Decision
 from schedproj.core.planner import Missed, Plan, Send
 from schedproj.core.pressure import Pressure, changed, measure, outranks
 from schedproj.core.pressure import encode as encode_pressure
-from schedproj.core.records import LaneState
+from schedproj.core.records import LaneState, LeaseView
 from schedproj.on_celery.messages import LEASE_KWARG, heavy_kwargs, light_kwargs
 from schedproj.on_celery.runtime import Runtime
 from schedproj.on_celery.tick_lanes import TickLanes
@@ -58,6 +58,8 @@ class Dispatcher:
         self.rt, self.settings, self.token = rt, rt.settings, token
         self.memory, self.lanes, self.entries = memory, lanes, entries
         self.apply_entry, self.before_send = apply_entry, before_send
+        #: The heavy lease this beat granted in its last dispatch (None: it granted none).
+        self.granted: LeaseView | None = None
         #: The last refusal said for a heavy grant or a counter write (once per onset).
         self.refused: dict[str, str] = {}
 
@@ -69,6 +71,7 @@ class Dispatcher:
             # A long tick (thousands of lanes newly due at once) outlived the lock.
             self.memory.reset()
             raise BeatLockLost("the tick outlived the beat lock before recording the dispatch")
+        self.granted = None
         plan, grant_kwargs = self._grant(plan, snap.lock.fence)
         looks = self._record(plan, snap, grant_kwargs)
         self.before_send(plan)
@@ -161,6 +164,8 @@ class Dispatcher:
         if not grant.granted:
             logger.info("heavy lease already held by %s; %s waits", grant.holder, heavy.lane)
             return plan.only(set(plan.sends) - {heavy.lane}), {}
+        self.granted = LeaseView(lane=heavy.lane, token=token, fence=grant.fence,
+                                 granted_at=plan.now, task_id=heavy.task_id)
         return plan, heavy_kwargs(token, grant.fence, beat_fence)
 
     def _say_refused(self, what: str, exc: Exception, fix: str) -> None:
@@ -243,12 +248,17 @@ class PressurePublisher:
         self.failing = False
 
     def publish(self, decision: Decision, snap: Snapshot, now: float, *,
-                states: Mapping[str, LaneState], partial: bool) -> None:
+                states: Mapping[str, LaneState], partial: bool,
+                granted: LeaseView | None = None) -> None:
         """Written only when it changed: an unchanged tick costs no round trip. A beat that
         just took the lock, or Redis that lost state, writes it again whatever this beat last
         wrote. A ``partial`` tick skipped lanes waiting on the same hold: what it published
-        for them stands unless a lane it did see outranks it."""
-        pressure = measure(decision, states, snap.lease, now,
+        for them stands unless a lane it did see outranks it.
+
+        ``granted`` is the lease this tick granted: the lanes it deferred press on that hold.
+        (Measured on the lease as read — free — they pressed on nothing, and the ticks after
+        skip them while the same lease is held: the holder never heard of them.)"""
+        pressure = measure(decision, states, granted or snap.lease, now,
                            legacy=self.rt.settings.policy is Policy.REGISTRY)
         if partial and self.published is not None and not outranks(
                 pressure, self.published[0], now, self.lanes.spec):

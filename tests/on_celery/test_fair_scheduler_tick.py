@@ -251,3 +251,22 @@ def test_an_idle_tick_plans_nothing_and_the_next_change_is_planned(
     assert planned[-1] == ["t.light-b"]
     assert sorted(m["task"] for m in sent(broker, "light")) == ["t.light-a", "t.light-b"]
     sched.close()
+
+
+def test_the_lanes_deferred_by_a_grant_press_on_that_hold_at_once(
+        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis) -> None:
+    """The tick that grants the lease publishes the pressure of the heavy lanes it deferred,
+    on the new hold: the ticks after it skip those lanes while the same lease is held, so a
+    pressure measured on the lease as read (free: nobody pressed) stood for the whole hold and
+    the holder never yielded to them (found by a review: pressure appeared only once another
+    beat took over)."""
+    sched = FairScheduler(app=build(key_prefix, three_lanes))
+    keys = Keys(key_prefix)
+    for _ in range(3):
+        sched.tick()
+        lease = json.loads(redis_client.get(keys.lease))
+        pressure = json.loads(redis_client.hget(keys.pressure, "current"))
+        assert lease["lane"] == "t.heavy-a"
+        assert pressure["lane"] == "t.heavy-b", pressure
+        assert pressure["fence"] == lease["fence"], "published for another hold"
+    sched.close()
