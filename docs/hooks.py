@@ -1,7 +1,8 @@
 """MkDocs hooks: the reference pages, generated from the code at every build.
 
-`schedproj.devtools.reference` writes the settings, command-line, metrics and lane-option
-pages from `Settings`, the click commands, the metric catalog and the `Lane` classes; they
+`schedproj.devtools.reference` writes the settings, command-line, metrics, lane-option and
+status-JSON pages from `Settings`, the click commands, the metric catalog, the `Lane` classes
+and the status field catalog (`schedproj.telemetry.status_fields`); they
 exist only in the built site, so they cannot go stale. The benchmark plots live with their
 results in bench/results/ and are published beside the performance page.
 """
