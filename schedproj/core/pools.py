@@ -220,9 +220,11 @@ def grant(candidates: Iterable[LaneView], pools: Mapping[str, Pool],
 
     So a lane needing k slots waits at most until it reserves, then until enough holders
     finish (each at most its hold cap, sooner when pressed) while lanes ranked above it —
-    whose weighted ratios exceed its own growing one — take their turns. With only the
-    default pool (one slot, every lane one slot) this is the single-lease pick: the best
-    ranked candidate, or nothing while the lease is held.
+    whose weighted ratios exceed its own growing one — take their turns: its ratio stays
+    below a bound that does not grow with time (docs/pools.md, "The bound"; checked in
+    tests/core/test_pools.py). With only the default pool (one slot, every lane one slot)
+    this is the single-lease pick: the best ranked candidate, or nothing while the lease is
+    held.
     """
     if not (isinstance(backfill_ratio, int | float) and math.isfinite(backfill_ratio)
             and backfill_ratio >= 0):
