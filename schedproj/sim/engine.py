@@ -520,7 +520,8 @@ class Simulation:
         index = self.index
         # Lanes planned always need no filing: the plan's own next_due_in_s covers them; a
         # waiting lane planned as a leader and unchanged stays where it is.
-        filed = index.dirty.union(plan.states.keys() - index.waiting.keys())
+        waiting, dirty = index.waiting, index.dirty
+        filed = dirty.union(n for n in plan.states if n not in waiting)
         for name in filed.difference(self.always):
             self._file(self.by_name[name], t)
         index.dirty.clear()
