@@ -9,7 +9,9 @@ applied as beat writes them. Run records change by the same transitions ``LaneTa
 Beat is modelled as the real loop: after a decision at ``t`` it polls again after
 ``min(tick, seconds_until_next_due)``, and a finishing run wakes it at once (wake on release).
 Polls at which nothing can have changed are skipped: they would decide exactly the same, so
-the simulation is the same as polling every tick, only faster.
+the simulation is the same as polling every tick, only faster. A decision plans the lanes
+beat's due index names (:mod:`schedproj.sim.index`), not every lane, with the same outcome:
+``Planning.FULL`` still plans every lane, and ``Planning.CHECK`` compares the two.
 """
 
 from __future__ import annotations
@@ -318,10 +320,14 @@ class Simulation:
         #: What each gated lane's gates judge: the blockers, and the members of a family a
         #: gate names. Beat reads them every tick; the simulator plans them with a gated lane
         #: it plans (a gate is judged only for a lane that is due, and a due lane is planned).
-        self.blockers_of = {
-            rt.name: frozenset(x.name for x in self.enabled for g in rt.spec.gates
-                               if g.blocker in (x.name, x.spec.family))
-            for rt in self.gated}
+        named: dict[str, list[str]] = {}  # a lane's name, or a family's: the lanes it names
+        for x in self.enabled:
+            for key in (x.name, x.spec.family):
+                if key is not None:
+                    named.setdefault(key, []).append(x.name)
+        self.blockers_of = {rt.name: frozenset(lane for g in rt.spec.gates
+                                               for lane in named.get(g.blocker, ()))
+                            for rt in self.gated}
         #: Heavy lanes due and not started: when each became due (``_Lane.due_since``).
         self.heavy_due: dict[str, float] = {}
         #: The same as a heap (stale entries dropped when they come up): the earliest in O(1).
