@@ -16,6 +16,7 @@ import time
 import uuid
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import redis
@@ -23,6 +24,7 @@ from celery import Celery
 from click.testing import CliRunner
 from rich.console import Console
 
+from schedproj.core.health import LaneHealth
 from schedproj.core.lanes import LaneKind, LaneSpec
 from schedproj.core.laneset import registry_json
 from schedproj.core.records import RunRecord, encode
@@ -261,13 +263,13 @@ def test_lane_of_another_app_on_the_same_prefix_is_explained(published: Keys,
     assert "job" in text.output and "SCHEDPROJ_KEY_PREFIX" in text.output
 
 
-def lane_health(**over: object) -> SimpleNamespace:
-    base: dict[str, object] = dict(
+def lane_health(**over: Any) -> LaneHealth:
+    base: dict[str, Any] = dict(
         name="summary", kind="heavy", queue="heavy", deployment="shared", enabled=True,
         paused=False, cadence_s=600.0, last_run_at=None, ratio=1.5, due=True, in_flight=False,
         backlog=0, last_outcome=None, last_reason=None, runs=0, failures=0, dispatches=0,
         deferral_reason=None, deferral_blocker=None, deferred_for_s=None)
-    return SimpleNamespace(**{**base, **over})
+    return LaneHealth(**{**base, **over})
 
 
 def test_a_paused_lane_still_running_says_both() -> None:
