@@ -189,10 +189,13 @@ def connect_sentinel(url: str, *, socket_timeout_s: float = 10.0,
         asking["password"] = sentinel_password
     if not retry:  # one question per sentinel, no backoff between attempts
         asking["retry"] = Retry(NoBackoff(), 0)
-    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+    # Typed as Any: redis-py's annotations of Sentinel differ between the versions accepted
+    # (untyped before 8, typed since), and no ignore comment fits both.
+    sentinel_class: Any = Sentinel
+    sentinel: Any = sentinel_class(
         hosts, socket_timeout=socket_timeout_s, socket_connect_timeout=min(5.0, socket_timeout_s),
         sentinel_kwargs=asking)
-    client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+    client: redis.Redis = sentinel.master_for(
         service, db=db, decode_responses=True,
         username=unquote(parts.username) if parts.username else None,
         password=unquote(parts.password) if parts.password else None,
@@ -329,13 +332,13 @@ def follow_switches(sentinel: Sentinel, service: str, client: redis.Redis) -> No
     def listen() -> None:
         while True:
             try:
-                watcher = redis.Redis(host=sentinel.sentinels[0].connection_pool
+                # Any: Redis.pubsub is untyped in some accepted redis-py versions.
+                watcher: Any = redis.Redis(host=sentinel.sentinels[0].connection_pool
                                       .connection_kwargs["host"],
                                       port=sentinel.sentinels[0].connection_pool
                                       .connection_kwargs["port"],
                                       decode_responses=True, socket_timeout=None)
-                pubsub = watcher.pubsub(  # type: ignore[no-untyped-call]
-                    ignore_subscribe_messages=True)
+                pubsub = watcher.pubsub(ignore_subscribe_messages=True)
                 pubsub.subscribe("+switch-master")
                 for message in pubsub.listen():
                     if str(message.get("data", "")).split(" ")[:1] == [service]:
