@@ -40,9 +40,15 @@ apt_install() {
 }
 
 if [ "${1:-}" = "--demo" ]; then
-  # --no-compile: byte-compiling every dependency up front doubles the install time; the
-  # demo's processes compile only the modules they import, once.
-  .venv/bin/python -m pip install -q --disable-pip-version-check --no-compile -e .
+  # uv installs the package and its dependencies in about 4 s where pip takes about 12 (pip
+  # resolves through every configured index one project at a time): the demo's 45 s goal
+  # counts from a fresh clone. pip stays the fallback should uv not install or not run.
+  # --no-compile (pip): byte-compiling every dependency up front doubles the install time;
+  # the demo's processes compile only the modules they import, once.
+  if ! { .venv/bin/python -m pip install -q --disable-pip-version-check uv 2>/dev/null \
+         && .venv/bin/uv pip install -q --python .venv/bin/python -e .; }; then
+    .venv/bin/python -m pip install -q --disable-pip-version-check --no-compile -e .
+  fi
   # The demo starts a private Redis from either (schedproj/devtools/embedded.py).
   if ! command -v redis-server >/dev/null 2>&1; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
