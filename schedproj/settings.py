@@ -28,6 +28,7 @@ from schedproj.core import defaults
 from schedproj.core.errors import ConfigurationError
 from schedproj.core.lanes import Profile
 from schedproj.core.picker import Policy
+from schedproj.core.pools import Pool, PoolError, parse_pools
 from schedproj.core.pressure import DEFAULT_MIN_HOLD_S, DEFAULT_TARGET_RATIO, PressureRule
 from schedproj.store.connection import (
     CLUSTER_SCHEMES,
@@ -77,6 +78,13 @@ class Settings(BaseSettings):
     lane_modules: str = Field(
         default="",
         description="Comma-separated modules that declare lanes, imported by schedproj.app.",
+    )
+    pools: str = Field(
+        default="",
+        description="Pools beyond the default one-slot pool 'heavy', as name=slots separated "
+        "by commas ('gpu=2,db=3'). Each pool's lanes run on the queue of its name (serve it "
+        "with 'celery worker -Q gpu -c 2'); at most its slot count of them at once. Wins over "
+        "a pool of the same name declared in code (configure_app(app, pools=[...])).",
     )
     cadence_scale: float = Field(
         default=1.0, gt=0,
@@ -204,6 +212,15 @@ class Settings(BaseSettings):
         description="Verify the Redis server's certificate: required (default), optional, "
         "or none (no verification: only for testing).",
     )
+
+    @field_validator("pools")
+    @classmethod
+    def _pools(cls, text: str) -> str:
+        try:
+            parse_pools(text)
+        except PoolError as exc:
+            raise ValueError(str(exc)) from None
+        return text
 
     @field_validator("redis_url", "audit_redis_url")
     @classmethod
@@ -352,6 +369,11 @@ class Settings(BaseSettings):
     def state_redis_url(self) -> str:
         """The Redis URL for state and lease (the broker's when none is set)."""
         return self.redis_url or self.broker_url
+
+    @property
+    def declared_pools(self) -> tuple[Pool, ...]:
+        """The pools ``SCHEDPROJ_POOLS`` declares (none: only the default pool)."""
+        return parse_pools(self.pools)
 
     @property
     def lane_module_list(self) -> list[str]:

@@ -166,9 +166,9 @@ class Lane:
     retry_after_failure_s: float | None = None
     #: Retries are made while the first failure of the streak is at most this old (seconds).
     retry_window_s: float | None = None
-    #: The pool a heavy lane runs in (:class:`schedproj.core.pools.Pool`); None: the default
-    #: pool ``heavy`` of one slot, the one heavy lease. Core only so far: beat does not yet
-    #: serve pools beyond the default (see the Pools page).
+    #: The pool a heavy lane runs in (:class:`schedproj.core.pools.Pool`, declared with
+    #: ``configure_app(app, pools=...)`` or ``SCHEDPROJ_POOLS``); None: the default pool
+    #: ``heavy`` of one slot, the one heavy lease. Its runs go to the queue of the pool's name.
     pool: str | None = None
     #: Scales the lane's staleness ratio in the ranking among heavy lanes (a weight-2 lane at
     #: ratio 1.5 outranks a weight-1 lane at 2.5); never changes when the lane is due. > 0.
@@ -398,9 +398,12 @@ def enabled_under(profile: Profile, deployment: DeploymentClass) -> bool:
     return not (profile is Profile.CLOUD and deployment is DeploymentClass.LOCAL_ONLY)
 
 
-def queue_for(kind: LaneKind) -> str:
-    """The queue a lane of ``kind`` is sent to: heavy lanes never share the light queue."""
-    return defaults.HEAVY_QUEUE if kind is LaneKind.HEAVY else defaults.LIGHT_QUEUE
+def queue_for(kind: LaneKind, pool: str | None = None) -> str:
+    """The queue a lane of ``kind`` is sent to: heavy lanes never share the light queue. A
+    heavy lane's is its pool's, named after the pool (``heavy`` for the default pool)."""
+    if kind is not LaneKind.HEAVY:
+        return defaults.LIGHT_QUEUE
+    return pool or DEFAULT_POOL
 
 
 def fixed_unit(name: str) -> float:

@@ -195,7 +195,7 @@ def _spec(name: str, task_name: str, lane: Lane, scale: float,
 
 
 def _check_queue(name: str, task_name: str, lane: Lane, task: Any, routed_queue: Any) -> None:
-    expected = queue_for(lane.kind)
+    expected = queue_for(lane.kind, lane.pool)
     declared = getattr(task, "queue", None)
     routed = routed_queue(task_name) if routed_queue is not None else None
     for where, queue in (("its queue option", declared), ("the app's task_routes", routed)):

@@ -45,9 +45,9 @@ class Decision:
     #: What the gates saw: ``views`` plus family views and paused or unreadable blockers
     #: (``pressure.measure`` judges the waiting lanes' gates on these same views).
     gate_views: Mapping[str, LaneView] = field(default_factory=dict, compare=False)
-    #: Slots granted in pools beyond the default (whose grant is ``winner``). Core only so
-    #: far: they are not in ``dispatched``, and nothing sends them until the slot leases are
-    #: wired (each needs its own fenced slot lease, as the winner needs the lease).
+    #: Slots granted in pools beyond the default (whose grant is ``winner``): each is sent
+    #: once beat holds its fenced slot leases, as the winner once it holds the lease. In
+    #: ``dispatched``, after the winner.
     pool_grants: tuple[Grant, ...] = ()
     #: Pools whose free slots wait for a lane needing more than are free (``pools.grant``'s
     #: backfill rule): pool -> lane.
@@ -55,7 +55,8 @@ class Decision:
 
     @property
     def dispatched(self) -> tuple[str, ...]:
-        return ((self.winner,) if self.winner else ()) + self.also_dispatched
+        return (((self.winner,) if self.winner else ())
+                + tuple(g.lane for g in self.pool_grants) + self.also_dispatched)
 
 
 _SORT_KEY = attrgetter("order", "name")

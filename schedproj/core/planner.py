@@ -8,7 +8,7 @@ same plan out in virtual time. Pure: no I/O, no clock; task ids come from the ca
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from schedproj.core.deferrals import Deferral, continue_streak, same_wait
@@ -16,6 +16,7 @@ from schedproj.core.due import calendar_last_run
 from schedproj.core.lanes import DeferralReason, LaneSpec, Profile
 from schedproj.core.picker import Policy
 from schedproj.core.pipeline import Decision, decide, seconds_until_next_due
+from schedproj.core.pools import Grant, Pool
 from schedproj.core.records import LaneState, LeaseView, SchedRecord
 from schedproj.core.schedules import missed_fires
 
@@ -48,6 +49,10 @@ class TickInput:
     #: How long past its mark a light run still counts as in flight (beat: one lease TTL,
     #: the grace after which it records the run lost).
     inflight_grace_s: float = 0.0
+    #: The declared pools (None: the default pool alone, whose one slot is ``lease``).
+    pools: Mapping[str, Pool] | None = None
+    #: Per pool beyond the default, the lane holding each busy slot (``""``: unknown).
+    holders: Mapping[str, Sequence[str]] | None = None
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,13 @@ class Plan:
         """The heavy winner's message, which needs the lease granted before it is sent."""
         winner = self.decision.winner
         return self.sends.get(winner) if winner is not None else None
+
+    @property
+    def pool_sends(self) -> tuple[tuple[Grant, Send], ...]:
+        """The messages of the grants in pools beyond the default, each needing its slot
+        leases granted before it is sent."""
+        return tuple((g, self.sends[g.lane]) for g in self.decision.pool_grants
+                     if g.lane in self.sends)
 
     def only(self, lanes: Collection[str]) -> Plan:
         """The same plan sending only ``lanes`` (a refused grant, or the simulator's
@@ -108,7 +120,8 @@ def plan_tick(
     and a start deadline, and derive the beat-owned record changes."""
     decision = decide(lanes, tick.states, tick.lease, now, profile, probes=tick.probes,
                       unreadable=tick.unreadable, paused=tick.paused, forced=tick.forced,
-                      policy=policy, inflight_grace_s=tick.inflight_grace_s)
+                      policy=policy, inflight_grace_s=tick.inflight_grace_s,
+                      pools=tick.pools, holders=tick.holders)
     if tick.quarantined:
         decision = quarantine(decision, tick.states, now)
     deadline = now + start_deadline_s
@@ -160,14 +173,15 @@ def record_misses(decision: Decision, states: Mapping[str, LaneState],
 
 
 def quarantine(decision: Decision, states: Mapping[str, LaneState], now: float) -> Decision:
-    """The decision with every lane it would dispatch deferred instead: after a state loss a
-    run whose lease or in-flight mark vanished may still be running, and it re-asserts itself
-    within the quarantine. The deferral records why, so operators see it."""
+    """The decision with every lane it would dispatch deferred instead — the lease's winner,
+    every pool's slot grants and the light lanes: after a state loss a run whose lease, slot
+    lease or in-flight mark vanished may still be running, and it re-asserts itself within
+    the quarantine. The deferral records why, so operators see it."""
     held = tuple(
         continue_streak(states[lane].sched.deferral if lane in states else None, lane,
                         DeferralReason.STATE_LOSS_QUARANTINE, None, now)
         for lane in decision.dispatched)
-    return replace(decision, winner=None, also_dispatched=(),
+    return replace(decision, winner=None, pool_grants=(), also_dispatched=(),
                    deferred=decision.deferred + held)
 
 

@@ -52,6 +52,7 @@ from schedproj.settings import Settings
 from schedproj.store.entry_store import EntryStore
 from schedproj.store.families import FamilyStore
 from schedproj.store.lane_store import Snapshot
+from schedproj.store.lease import PoolSlots, holders, slot_holders
 from schedproj.telemetry import metrics
 from schedproj.telemetry.sentry import crons_exclusions, crons_schedule, init_sentry
 
@@ -77,6 +78,8 @@ class BeatEngine:
     pressure: PressurePublisher
     health: KeyHealth
     entries: BeatEntries
+    #: The slot leases of the pools beyond the default (empty: none declared).
+    slots: PoolSlots
 
     @classmethod
     def build(cls, rt: Runtime, lanes: LaneSet, scheduler: FairScheduler,
@@ -97,7 +100,8 @@ class BeatEngine:
             entries=BeatEntries(scheduler.app, EntryStore(rt.store.client, rt.keys),
                                 rt.keys, scheduler.token, scheduler.send_entry,
                                 code_entries, max_look_s=RECHECK_S,
-                                reserved=lanes.names))
+                                reserved=lanes.names),
+            slots=PoolSlots(rt.store.client, rt.keys, lanes.pools))
 
 
 def stall_before_send(seconds: float) -> Callable[[Plan], None]:
@@ -161,7 +165,7 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
                 # A cron calendar lane's own crontab and zone, so Sentry Crons expects its
                 # check-ins at its fire times (a skipped one shows as missed there).
                 schedule=crons_schedule(spec) or every(timedelta(seconds=spec.cadence_s)),
-                options={"queue": queue_for(spec.kind)},
+                options={"queue": queue_for(spec.kind, spec.pool)},
             )
             for spec in (*lanes.specs, *lanes.families.values())
         }
@@ -184,11 +188,13 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         self.apply_entry(entry, producer=self.producer)
 
     def _declare_queues(self) -> None:
-        """Declare both queues before the first send: beat's producer does not auto-declare,
-        and on Redis a message sent to a queue nobody declared yet is silently dropped."""
+        """Declare the lane queues (heavy, light, one per pool) before the first send: beat's
+        producer does not auto-declare, and on Redis a message sent to a queue nobody
+        declared yet is silently dropped."""
+        pools = sorted(set(self.engine.slots.pools) - {defaults.HEAVY_QUEUE})
         with self.app.connection_for_write() as conn:
             channel = conn.default_channel
-            for name in (defaults.HEAVY_QUEUE, defaults.LIGHT_QUEUE):
+            for name in (defaults.HEAVY_QUEUE, defaults.LIGHT_QUEUE, *pools):
                 queue = self.app.amqp.queues[name]
                 queue.bind(channel).declare()
 
@@ -282,10 +288,13 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
             (lane for lane in snap.looked if lane in snap.states), snap.lease, e.lanes.always)
         states = {lane: st for lane in focus
                   if (st := e.memory.states.get(lane)) is not None and e.lanes.spec(lane)}
+        # Each pool's slot leases, read after the lane records (a run ending in between
+        # reads as running on a free slot, and its record changed: nothing is marked lost).
+        slots = e.slots.read() if e.slots else {}
         if snap.epoch.quarantine_left_s == 0:  # records lost in a state loss can't be judged
             # Before dispatching: a new run of the lane, started within milliseconds of its
             # message, would replace the dead run's mark before this could record it.
-            e.recovery.record_lapsed_runs(snap, states, now)
+            e.recovery.record_lapsed_runs(snap, states, now, slot_holders(slots))
         plan: Plan | None = None
         if self._nothing_to_plan(snap, states, now):
             # The idle tick: what planning would leave, without planning. The cursor and the
@@ -299,10 +308,12 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
                 TickInput(states=states, lease=snap.lease, paused=snap.paused,
                           forced=snap.forced, unreadable=unreadable, probes=probes,
                           quarantined=snap.epoch.quarantine_left_s > 0,
-                          inflight_grace_s=s.lease_ttl_s),
+                          inflight_grace_s=s.lease_ttl_s,
+                          pools=e.lanes.lanes.pools if e.slots else None,
+                          holders=holders(slots)),
                 now, profile=s.profile, policy=s.policy, start_deadline_s=s.start_deadline_s,
                 task_id=lambda lane: str(uuid.uuid4()))
-            plan, next_look = e.dispatcher.dispatch(plan, snap)
+            plan, next_look = e.dispatcher.dispatch(plan, snap, slots)
         # The app's schedule entries, in the same tick as the light lanes: never behind heavy.
         entries_look = e.entries.tick(now, snap.entries_changed)
         if entries_look is not None:

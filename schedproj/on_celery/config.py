@@ -13,6 +13,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import redis
@@ -24,6 +25,7 @@ from schedproj.core import defaults
 from schedproj.core.errors import ConfigurationError, LaneDeclarationError, SchedprojError
 from schedproj.core.lanes import LaneKind, queue_for
 from schedproj.core.laneset import LaneSet, build_lane_set, lane_tasks
+from schedproj.core.pools import DEFAULT_POOL, Pool, PoolError, declare_pools
 from schedproj.on_celery.calendars import app_timezone, celery_fire_times
 from schedproj.settings import Settings, consumer_timeout_problem, explain
 from schedproj.store.connection import connect, describe_failure, mask
@@ -71,12 +73,13 @@ def use_broker_channel() -> None:
 
 def route_lane(name: str, args: Any, kwargs: Any, options: Any, task: Any = None,
                **kw: Any) -> dict[str, str] | None:
-    """Celery router: heavy lanes to queue ``heavy``, light lanes to ``light``; any other task
-    is left to the app's own routes and default queue."""
+    """Celery router: heavy lanes to their pool's queue (``heavy`` for the default pool),
+    light lanes to ``light``; any other task is left to the app's own routes and default
+    queue."""
     lane = getattr(task, "lane", None)
     kind = getattr(lane, "kind", None)
     if isinstance(kind, LaneKind):
-        return {"queue": queue_for(kind)}
+        return {"queue": queue_for(kind, getattr(lane, "pool", None))}
     return None
 
 
@@ -102,15 +105,21 @@ def own_app_conf(settings: Settings) -> dict[str, Any]:
     }
 
 
-def configure_app(app: Celery, settings: Settings | None = None) -> Celery:
+def configure_app(app: Celery, settings: Settings | None = None, *,
+                  pools: Iterable[Pool] | None = None) -> Celery:
     """Fit ``app`` for lanes, keeping its own configuration (the Celery side only; the public
-    :func:`schedproj.configure_app` also declares the watchdog lane when asked).
+    :func:`schedproj.configure_app` also declares the watchdog lane when asked). ``pools``
+    are the pools declared in code (``SCHEDPROJ_POOLS`` wins over one of the same name):
+    checked here, and again with the lanes when a process starts.
 
     Lanes get their options per task (:class:`LaneTask`: JSON, acks late, reject on a lost
     worker, no result; :func:`route_lane`: their queue). App-wide, only what has no per-task
     form is touched, each listed with its reason in docs/adoption.md."""
     settings = settings_for_app(app, settings or load_settings())
     app.schedproj_settings = settings
+    if pools is not None:
+        app.schedproj_code_pools = tuple(pools)
+    pool_table = app_pools(app)  # a declaration error fails here, where pools are declared
     conf = app.conf
     if "broker_url" in settings.model_fields_set or not conf.broker_url:
         conf.broker_url = settings.broker_url  # the environment's, or the app names none
@@ -126,7 +135,7 @@ def configure_app(app: Celery, settings: Settings | None = None) -> Celery:
         conf.task_routes = [*routes, route_lane]
     _merge_visibility_timeout(app, settings)
     _adopt_scheduler(app)
-    _check_queues(app)
+    _check_queues(app, pool_table)
     _use_broker_ssl(app, settings)
     _warn_duplicate_lanes(app)
     use_broker_channel()
@@ -194,8 +203,9 @@ def _adopt_scheduler(app: Celery) -> None:
                    "`celery -A <app> beat -S fair`", chosen)
 
 
-def _check_queues(app: Celery) -> None:
-    """The app's queue settings must leave the lane queues to lanes, and let them exist."""
+def _check_queues(app: Celery, pools: Iterable[str] = ()) -> None:
+    """The app's queue settings must leave the lane queues to lanes (the light one, the
+    heavy one and one per pool), and let them exist."""
     conf = app.conf
     if conf.task_default_queue == defaults.HEAVY_QUEUE:
         raise ConfigurationError(
@@ -203,12 +213,45 @@ def _check_queues(app: Celery) -> None:
             "task without a route would wait behind heavy runs on the single-slot heavy "
             "worker. Fix: give the app another default queue (Celery's is 'celery')")
     declared = {str(queue.name) for queue in conf.task_queues or ()}
-    missing = sorted({defaults.HEAVY_QUEUE, defaults.LIGHT_QUEUE} - declared)
+    missing = sorted({defaults.HEAVY_QUEUE, defaults.LIGHT_QUEUE, *pools} - declared)
     if missing and not conf.task_create_missing_queues:
+        queues = " and ".join(f"Queue({name!r})" for name in missing)
         raise ConfigurationError(
             f"task_create_missing_queues is off and task_queues does not declare {missing}, "
-            "so lanes could not be sent. Fix: add Queue('heavy') and Queue('light') to "
-            "task_queues, or turn task_create_missing_queues on")
+            f"so lanes could not be sent. Fix: add {queues} to task_queues, or turn "
+            "task_create_missing_queues on")
+
+
+def app_pools(app: Celery) -> dict[str, Pool]:
+    """The app's pools by name: the default pool, those declared in code
+    (``configure_app(app, pools=...)``), then ``SCHEDPROJ_POOLS`` (which wins). A pool may not
+    take the name of a queue the app's own tasks use (its default queue, a queue its
+    ``task_routes`` name): its workers would run them as pool runs, or they would wait
+    behind the pool's."""
+    settings: Settings = app.schedproj_settings
+    table = declare_pools(getattr(app, "schedproj_code_pools", ()), settings.declared_pools)
+    theirs = {str(app.conf.task_default_queue)} | _routed_queues(app.conf.task_routes)
+    for name in sorted(set(table) - {DEFAULT_POOL}):
+        if name in theirs:
+            raise PoolError(name, f"the app's own tasks use a queue named {name!r} (its "
+                            "task_default_queue or task_routes), and a pool's lanes run on the "
+                            "queue of the pool's name",
+                            "name the pool otherwise (Pool('gpu', slots=2) / SCHEDPROJ_POOLS="
+                            "'gpu=2') and its lanes Lane(pool='gpu')")
+    return table
+
+
+def _routed_queues(routes: Any) -> set[str]:
+    """The queue names an app's ``task_routes`` maps (dict form; a router function's
+    answers cannot be listed)."""
+    found: set[str] = set()
+    for table in (routes if isinstance(routes, list | tuple) else [routes]):
+        if isinstance(table, dict):
+            for route in table.values():
+                queue = route.get("queue") if isinstance(route, dict) else None
+                if queue is not None:
+                    found.add(str(getattr(queue, "name", queue)))
+    return found
 
 
 def _use_broker_ssl(app: Celery, settings: Settings) -> None:
@@ -247,7 +290,8 @@ def lane_set_for(app: Celery) -> LaneSet:
         return None if name is None else str(name)
 
     lanes = build_lane_set(tasks, routed, settings.cadence_scale,
-                           timezone=app_timezone(app.conf), converter=celery_fire_times)
+                           timezone=app_timezone(app.conf), converter=celery_fire_times,
+                           pools=app_pools(app))
     for task_name, task, lane in lane_tasks(tasks):
         check_lane_protocol(lane.name or task_name, task_name, task)
         check_lane_options(lane.name or task_name, task)

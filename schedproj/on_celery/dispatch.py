@@ -8,7 +8,8 @@ import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,13 +24,16 @@ from schedproj.core.lanes import queue_for
 from schedproj.core.picker import Policy
 from schedproj.core.pipeline import Decision
 from schedproj.core.planner import Missed, Plan, Send
+from schedproj.core.pools import DEFAULT_POOL, Grant
 from schedproj.core.pressure import Pressure, changed, measure, outranks
 from schedproj.core.pressure import encode as encode_pressure
 from schedproj.core.records import LaneState, LeaseView
-from schedproj.on_celery.messages import LEASE_KWARG, heavy_kwargs, light_kwargs
+from schedproj.on_celery.messages import LEASE_KWARG, heavy_kwargs, light_kwargs, slots_of
 from schedproj.on_celery.runtime import Runtime
 from schedproj.on_celery.tick_lanes import TickLanes
 from schedproj.store.lane_store import Snapshot
+from schedproj.store.lease import Grant as LeaseGrant
+from schedproj.store.lease import free_slots
 from schedproj.store.protocol import CounterKind, counter_field
 
 logger = logging.getLogger("schedproj.beat")
@@ -63,8 +67,11 @@ class Dispatcher:
         #: The last refusal said for a heavy grant or a counter write (once per onset).
         self.refused: dict[str, str] = {}
 
-    def dispatch(self, plan: Plan, snap: Snapshot) -> tuple[Plan, float | None]:
-        """Returns the plan carried out and the next look after now. Raises
+    def dispatch(self, plan: Plan, snap: Snapshot,
+                 slots: Mapping[str, Sequence[LeaseView | None]] | None = None,
+                 ) -> tuple[Plan, float | None]:
+        """Returns the plan carried out and the next look after now. ``slots``: each pool's
+        slot leases as read this tick (pools beyond the default). Raises
         :class:`BeatLockLost` if this beat lost its lock on the way (nothing is sent then)."""
         ttl = self.settings.beat_lock_ttl_s
         if time.time() - plan.now > ttl / 3 and not self.rt.store.renew(self.token, ttl):
@@ -73,7 +80,15 @@ class Dispatcher:
             raise BeatLockLost("the tick outlived the beat lock before recording the dispatch")
         self.granted = None
         plan, grant_kwargs = self._grant(plan, snap.lock.fence)
-        looks = self._record(plan, snap, grant_kwargs)
+        grants: dict[str, dict[str, Any]] = {}
+        if grant_kwargs and plan.decision.winner is not None:
+            grants[plan.decision.winner] = grant_kwargs
+        try:
+            plan = self._grant_slots(plan, snap.lock.fence, slots or {}, grants)
+        except BeatLockLost:
+            self._release_all(grants)
+            raise
+        looks = self._record(plan, snap, grants)
         self.before_send(plan)
         _log_deferrals(plan.new_deferrals, plan.decision)
         _log_misses(plan.misses)
@@ -86,27 +101,42 @@ class Dispatcher:
         except redis.ResponseError as exc:  # counters of the wrong type: dispatch goes on
             self._say_refused("deferral counters", exc, "the deferral counters are not "
                               f"kept; delete {self.rt.keys.counters} (`redis-cli DEL` it)")
-        self._send_all(plan, snap, grant_kwargs)
+        self._send_all(plan, snap, grants)
         later = [look for look in looks.values() if look > plan.now]
         if snap.next_look is not None:
             later.append(snap.next_look)
         return plan, min(later, default=None)
 
     def _record(self, plan: Plan, snap: Snapshot,
-                grant_kwargs: dict[str, Any]) -> dict[str, float]:
+                grants: dict[str, dict[str, Any]]) -> dict[str, float]:
         """Write the plan's record changes and each planned lane's next look, together, only
         while holding the beat lock. Returns the looks."""
         states = with_changes(plan.states, plan.changes)
         looks, waiting = self._looks(plan, states, snap)
-        token = (grant_kwargs[LEASE_KWARG]["token"] if grant_kwargs
+        winner = grants.get(plan.decision.winner or "")
+        token = (winner[LEASE_KWARG]["token"] if winner
                  else snap.lease.token if snap.lease is not None else None)
         writes = self.memory.settle(looks, plan.now, token, waiting, states)
         if not self.rt.store.write_sched(self.token, plan.changes, writes):
-            if grant_kwargs:
-                self.rt.lease.release(grant_kwargs[LEASE_KWARG]["token"])
+            self._release_all(grants)
             self.memory.reset()
             raise BeatLockLost("beat lock lost before recording the dispatch")
         return looks
+
+    def _release_all(self, grants: Mapping[str, dict[str, Any]]) -> None:
+        for kwargs in grants.values():
+            self._release(kwargs)
+
+    def _release(self, kwargs: Mapping[str, Any]) -> None:
+        """Undo a grant whose message will not leave: the heavy lease or its slot leases."""
+        grant = kwargs.get(LEASE_KWARG)
+        if not grant:
+            return
+        pool, slots = slots_of(grant)
+        if pool is not None:
+            self.rt.slot_group(pool, slots).release(grant["token"])
+        else:
+            self.rt.lease.release(grant["token"])
 
     def _looks(self, plan: Plan, states: dict[str, LaneState],
                snap: Snapshot) -> tuple[dict[str, float], set[str]]:
@@ -127,7 +157,10 @@ class Dispatcher:
             forced = lane in snap.forced and lane not in plan.sends
             looks[lane] = next_look(spec, state, plan.now, paused=lane in snap.paused,
                                     forced=forced, grace_s=self.settings.lease_ttl_s)
-            if (spec.heavy and waits_for_lease(state) and lane not in plan.sends
+            # Only the heavy lease's waiters are skipped while it stays held: a slot of a
+            # pool may free with the lease unchanged, so a pool's waiters are planned.
+            if (spec.heavy and spec.pool == DEFAULT_POOL and waits_for_lease(state)
+                    and lane not in plan.sends
                     and spec.family not in self.lanes.gating_families):
                 waiting.add(lane)
         return looks, waiting
@@ -168,21 +201,93 @@ class Dispatcher:
                                  granted_at=plan.now, task_id=heavy.task_id)
         return plan, heavy_kwargs(token, grant.fence, beat_fence)
 
+    def _grant_slots(self, plan: Plan, beat_fence: int,
+                     slots: Mapping[str, Sequence[LeaseView | None]],
+                     grants: dict[str, dict[str, Any]]) -> Plan:
+        """Take the slot leases of every grant in a pool beyond the default, on the slots
+        read free this tick (lowest first, each slot once); a grant whose slots cannot all be
+        taken is dropped from the plan (its lane stays due). Adds each grant's message
+        keywords to ``grants``; raises :class:`BeatLockLost` if this beat lost its lock."""
+        if not plan.pool_sends:
+            return plan
+        free = {pool: free_slots(leases) for pool, leases in slots.items()}
+        dropped: set[str] = set()
+        for grant, send in plan.pool_sends:
+            taken = self._take_slots(grant, send, plan.now, free.get(grant.pool, []))
+            if taken is None:
+                dropped.add(grant.lane)
+                continue
+            token, fence, indexes = taken
+            grants[grant.lane] = heavy_kwargs(token, fence, beat_fence, pool=grant.pool,
+                                              slots=indexes)
+        return plan.only(set(plan.sends) - dropped) if dropped else plan
+
+    def _take_slots(self, grant: Grant, send: Send, now: float,
+                    free: list[int]) -> tuple[str, int, tuple[int, ...]] | None:
+        """Acquire ``grant.slots`` of the ``free`` slots under one token, all or none:
+        (token, the highest fence, the slots) or None. Slots taken (or found held after all)
+        leave ``free``."""
+        if len(free) < grant.slots:
+            return None
+        token = uuid.uuid4().hex
+        taken: list[tuple[int, int]] = []
+        for index in list(free[:grant.slots]):
+            lease = self.rt.slot_group(grant.pool, (index,)).leases[0]
+            try:
+                answer = lease.acquire(grant.lane, token, self.settings.start_deadline_s, now,
+                                       task_id=send.task_id, beat_token=self.token)
+            except redis.ResponseError as exc:
+                self._say_refused(f"slot grant {grant.pool}", exc, "lanes of pool "
+                                  f"{grant.pool!r} wait. Fix: inspect {lease.keys.lease} and "
+                                  f"{lease.keys.lease_fence} and delete the bad one")
+                answer = None
+            if answer is not None and answer.not_active_beat:
+                self.rt.slot_group(grant.pool, [i for i, _ in taken] or [index]).release(token)
+                raise BeatLockLost("beat lock lost before granting a slot")
+            if answer is None or not answer.granted:
+                self._say_slot_refused(grant, index, answer)
+                free.remove(index)  # held after all (or broken): not free this tick
+                if taken:
+                    self.rt.slot_group(grant.pool, [i for i, _ in taken]).release(token)
+                return None
+            taken.append((index, answer.fence))
+        self.refused.pop(f"slot grant {grant.pool}", None)
+        for index, _ in taken:
+            free.remove(index)
+        return token, max(f for _, f in taken), tuple(i for i, _ in taken)
+
+    @staticmethod
+    def _say_slot_refused(grant: Grant, index: int, answer: LeaseGrant | None) -> None:
+        if answer is None:
+            return
+        if answer.quarantine_s is not None:
+            logger.warning("slot %d of pool %s not granted: Redis may have lost state; %s "
+                           "waits %s", index, grant.pool, grant.lane,
+                           "for the state's epoch" if answer.quarantine_s < 0
+                           else f"{answer.quarantine_s:.1f}s more")
+        else:
+            logger.info("slot %d of pool %s already held by %s; %s waits", index, grant.pool,
+                        answer.holder, grant.lane)
+
     def _say_refused(self, what: str, exc: Exception, fix: str) -> None:
         if self.refused.get(what) != str(exc):
             logger.error("Redis refused a command for the %s (%s): %s", what, exc, fix)
         self.refused[what] = str(exc)
 
-    def _send_all(self, plan: Plan, snap: Snapshot, grant_kwargs: dict[str, Any]) -> None:
-        """Send the heavy winner and every light lane; log what left for the audit."""
+    def _send_all(self, plan: Plan, snap: Snapshot,
+                  grants: Mapping[str, dict[str, Any]]) -> None:
+        """Send the heavy winner, every pool's grants and every light lane; log what left
+        for the audit."""
         sent = []
         for lane, send in plan.sends.items():
-            kwargs = (grant_kwargs if lane == plan.decision.winner
-                      else light_kwargs(snap.lock.fence))
+            kwargs = grants.get(lane) or light_kwargs(snap.lock.fence)
             if self.send(lane, send, kwargs):
-                sent.append({"lane": lane, "task": send.task_id, "t": time.time(),
-                             "beat": self.token[:8],
-                             "fence": kwargs.get(LEASE_KWARG, {}).get("fence", 0)})
+                grant = kwargs.get(LEASE_KWARG, {})
+                entry = {"lane": lane, "task": send.task_id, "t": time.time(),
+                         "beat": self.token[:8], "fence": grant.get("fence", 0)}
+                if "pool" in grant:
+                    entry.update(pool=grant["pool"], slots=grant["slots"])
+                sent.append(entry)
         self.rt.store.log_many(self.rt.keys.dispatch_log, sent)
         # A forced lane whose message did not leave keeps its request for the next tick.
         self.rt.store.done_forcing([e["lane"] for e in sent if e["lane"] in snap.forced])
@@ -203,7 +308,7 @@ class Dispatcher:
             # lane's current dispatch, so none can run after beat has sent its replacement.
             # The AMQP ``expiration`` (relative; RabbitMQ enforces it on its own clock) still
             # drops a message nobody consumed before its deadline.
-            options={"queue": queue_for(spec.kind), "task_id": send.task_id,
+            options={"queue": queue_for(spec.kind, spec.pool), "task_id": send.task_id,
                      "expiration": max(0.0, send.deadline - time.time())},
         )
         self.apply_entry(entry)
@@ -211,9 +316,7 @@ class Dispatcher:
             return True
         # The message never left: undo the grant so nothing waits for it.
         logger.error("lane %s: send failed; lease released and lane left due", lane)
-        grant = kwargs.get(LEASE_KWARG)
-        if grant:
-            self.rt.lease.release(grant["token"])
+        self._release(kwargs)
         self.rt.store.clear_inflight(self.token, lane)
         return False
 
@@ -258,7 +361,7 @@ class PressurePublisher:
         ``granted`` is the lease this tick granted: the lanes it deferred press on that hold.
         (Measured on the lease as read — free — they pressed on nothing, and the ticks after
         skip them while the same lease is held: the holder never heard of them.)"""
-        pressure = measure(decision, states, granted or snap.lease, now,
+        pressure = measure(_default_pool_only(decision), states, granted or snap.lease, now,
                            legacy=self.rt.settings.policy is Policy.REGISTRY)
         if partial and self.published is not None and not outranks(
                 pressure, self.published[0], now, self.lanes.spec):
@@ -278,6 +381,16 @@ class PressurePublisher:
             self.failing = True
             return
         self.published, self.failing = (pressure,), False
+
+
+def _default_pool_only(decision: Decision) -> Decision:
+    """The decision as the heavy lease's holder sees it: a waiter presses only on the holders
+    of its own pool, so the lanes of other pools are left out (as they are, when no pool
+    beyond the default is declared)."""
+    if all(view.spec.pool == DEFAULT_POOL for view in decision.views.values()):
+        return decision
+    return replace(decision, views={name: view for name, view in decision.views.items()
+                                    if view.spec.pool == DEFAULT_POOL})
 
 
 __all__ = ["Dispatcher", "LaneEntry", "PressurePublisher"]

@@ -19,7 +19,7 @@ from schedproj.on_celery.expected import log_failure
 from schedproj.on_celery.run_context import RunContext
 from schedproj.on_celery.run_records import CONTENDED, swap_run
 from schedproj.on_celery.runtime import Runtime
-from schedproj.store.lease import HeavyLease
+from schedproj.store.lease import HeavyLease, SlotGroup
 
 #: The reason a run that stopped for an operator yielded with.
 OPERATOR_STOP = "operator-stop"
@@ -32,9 +32,12 @@ class LeaseRenewer(threading.Thread):
     renewal's reply carries the pressure beat published, which the run's
     :meth:`RunContext.should_yield` weighs (pressure-aware yielding, if on)."""
 
-    def __init__(self, rt: Runtime, token: str, ctx: RunContext) -> None:
+    def __init__(self, rt: Runtime, token: str, ctx: RunContext,
+                 lease: HeavyLease | SlotGroup | None = None) -> None:
         super().__init__(name=f"schedproj-renew-{ctx.lane}", daemon=True)
         self.rt, self.token, self.ctx = rt, token, ctx
+        #: What it renews: the run's slot leases, or (None) the heavy lease.
+        self.lease = lease
         self.stopped = threading.Event()
         self._bad_pressure: str | None = None
         ctx.on_pressure_yield = self.record_pressure_yield
@@ -42,7 +45,7 @@ class LeaseRenewer(threading.Thread):
     def run(self) -> None:
         s = self.rt.settings
         self.ctx.lease_ttl_s, self.ctx.renewed_at = s.lease_ttl_s, time.monotonic()
-        lease = getattr(self.rt, "renewal", None) or self.rt.lease
+        lease = self.lease or getattr(self.rt, "renewal", None) or self.rt.lease
         last_ok = time.monotonic()
         while not self.stopped.wait(s.lease_ttl_s / 3):
             sent = time.monotonic()
@@ -74,7 +77,7 @@ class LeaseRenewer(threading.Thread):
                          self.ctx.lane, reason)
             return
 
-    def heed_operator(self, lease: HeavyLease) -> None:
+    def heed_operator(self, lease: HeavyLease | SlotGroup) -> None:
         """Yield at the next checkpoint when an operator asked this run to stop
         (``schedproj clear-lease --stop``). A request that cannot be read is no request."""
         if self.ctx.stop_asked:

@@ -19,6 +19,7 @@ import redis
 from schedproj.core import lifecycle, lostruns
 from schedproj.core.errors import StateError
 from schedproj.core.lostruns import LostRun
+from schedproj.core.pools import DEFAULT_POOL
 from schedproj.core.records import LaneState, LeaseView, RunRecord
 from schedproj.on_celery.tick_lanes import TickLanes
 from schedproj.store.lane_store import LaneStore, Snapshot
@@ -140,14 +141,21 @@ class LossRecovery:
             self._write(lost, raw or "")
 
     def record_lapsed_runs(self, snap: Snapshot, states: Mapping[str, LaneState],
-                           now: float) -> None:
-        """Record as lost every run that started and whose lease (heavy) or in-flight mark
-        (light) lapsed with no end recorded (:func:`lostruns.has_lapsed`)."""
+                           now: float, slot_leases: Mapping[str, LeaseView] | None = None,
+                           ) -> None:
+        """Record as lost every run that started and whose lease (heavy: the heavy lease, or
+        for a lane of a pool beyond the default the slot lease naming it, ``slot_leases``
+        by lane) or in-flight mark (light) lapsed with no end recorded
+        (:func:`lostruns.has_lapsed`)."""
+        held = slot_leases or {}
         for lane, state in states.items():
             spec = self.lanes.specs.get(lane)
             run = state.run
-            if spec is None or not lostruns.has_lapsed(run, heavy=spec.heavy, lease=snap.lease,
-                                                       now=now, grace_s=self.grace_s):
+            if spec is None:
+                continue
+            lease = snap.lease if spec.pool == DEFAULT_POOL else held.get(lane)
+            if not lostruns.has_lapsed(run, heavy=spec.heavy, lease=lease, now=now,
+                                       grace_s=self.grace_s):
                 continue
             raw = snap.raw.get(run_field(lane))
             if raw is None:  # remembered from an earlier tick: judge what is stored now

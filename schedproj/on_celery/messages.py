@@ -25,10 +25,20 @@ class Dispatch:
     #: Kept out of repr: a traceback's frame variables reach logs and Sentry.
     lease_token: str | None = field(default=None, repr=False)
     lease_fence: int = 0
+    #: The pool beyond the default whose slots the grant is for, and which slots (None: the
+    #: heavy lease, the default pool's one slot).
+    pool: str | None = None
+    slots: tuple[int, ...] = ()
 
 
-def heavy_kwargs(token: str, fence: int, beat_fence: int) -> dict[str, Any]:
-    return {LEASE_KWARG: {"token": token, "fence": fence, "beat_fence": beat_fence}}
+def heavy_kwargs(token: str, fence: int, beat_fence: int, *, pool: str | None = None,
+                 slots: tuple[int, ...] = ()) -> dict[str, Any]:
+    """A heavy message's grant: the heavy lease's, or (``pool``) the slots of a pool beyond
+    the default (a default-pool message is exactly what it was before pools)."""
+    grant: dict[str, Any] = {"token": token, "fence": fence, "beat_fence": beat_fence}
+    if pool is not None:
+        grant.update(pool=pool, slots=list(slots))
+    return {LEASE_KWARG: grant}
 
 
 def light_kwargs(beat_fence: int) -> dict[str, Any]:
@@ -48,11 +58,26 @@ def pop_dispatch(kwargs: dict[str, Any]) -> Dispatch | None:
     if source is grant:
         token = grant.get("token")
         lease_fence = grant.get("fence")
+        pool, slots = slots_of(grant)
         return Dispatch(beat_fence=beat_fence,
                         lease_token=token if isinstance(token, str) and token else None,
-                        lease_fence=lease_fence if isinstance(lease_fence, int) else 0)
+                        lease_fence=lease_fence if isinstance(lease_fence, int) else 0,
+                        pool=pool, slots=slots)
     return Dispatch(beat_fence=beat_fence)
 
 
+def slots_of(grant: dict[str, Any]) -> tuple[str | None, tuple[int, ...]]:
+    """The pool and slots a grant names. A grant naming a pool without usable slots names
+    the pool with none: its run is refused (it can start under no slot lease)."""
+    pool = grant.get("pool")
+    if not isinstance(pool, str) or not pool:
+        return None, ()
+    slots = grant.get("slots")
+    if not (isinstance(slots, list) and slots and all(
+            isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in slots)):
+        return pool, ()
+    return pool, tuple(slots)
+
+
 __all__ = ["DISPATCH_KWARG", "LEASE_KWARG", "Dispatch", "heavy_kwargs", "light_kwargs",
-           "pop_dispatch"]
+           "pop_dispatch", "slots_of"]

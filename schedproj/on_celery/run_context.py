@@ -14,11 +14,15 @@ import time
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from schedproj.core.pressure import PRESSURE, Pressure, PressureRule, PressureYield, yield_reason
 from schedproj.core.pressure import yielded as pressure_yielded
 from schedproj.core.records import LeaseView
 from schedproj.on_celery.expected import log_failure
+
+if TYPE_CHECKING:
+    from schedproj.store.lease import SlotGroup
 
 logger = logging.getLogger("schedproj.on_celery.task")
 
@@ -57,6 +61,9 @@ class RunContext:
     #: An operator asked this run to stop (``schedproj clear-lease --stop``): it yields at its
     #: next checkpoint, reports its backlog and releases the lease as a normal yield.
     stop_asked: bool = False
+    #: The slot leases of a run in a pool beyond the default (None: the heavy lease, or a
+    #: light run).
+    slots: SlotGroup | None = None
 
     def ask_to_stop(self, reason: str) -> None:
         """Yield at the next checkpoint for ``reason`` (the yield's reason); the lease is not

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from schedproj.settings import Settings
 from schedproj.store.connection import connect
 from schedproj.store.lane_store import LaneStore
-from schedproj.store.lease import HeavyLease
+from schedproj.store.lease import HeavyLease, SlotGroup
 from schedproj.store.protocol import Keys
 
 
@@ -30,6 +31,25 @@ class Runtime:
     #: renewer tries again at its next interval (a client retrying with backoff, as through
     #: a Sentinel failover, held a renewal for ~9 s and landed it after the run had ended).
     renewal: HeavyLease | None = None
+    #: Stores on slot keys (see :meth:`slot_store`), made on first use.
+    _slot_stores: dict[str, LaneStore] = field(default_factory=dict, repr=False)
+
+    def slot_group(self, pool: str, slots: Sequence[int], *, renewal: bool = False
+                   ) -> SlotGroup:
+        """The slot leases of one run in ``pool`` (on the renewal client with ``renewal``)."""
+        lease = (self.renewal or self.lease) if renewal else self.lease
+        return SlotGroup(lease.client, self.keys, pool, slots)
+
+    def slot_store(self, keys: Keys) -> LaneStore:
+        """The lane store whose lease is the slot of ``keys``: a run's end recorded through it
+        releases that slot, atomically with the record, and wakes beat."""
+        if keys.lease == self.keys.lease:
+            return self.store
+        store = self._slot_stores.get(keys.lease)
+        if store is None:
+            store = self._slot_stores[keys.lease] = LaneStore(
+                self.store.client, keys, self.store.audit_client)
+        return store
 
     @classmethod
     def build(cls, settings: Settings) -> Runtime:

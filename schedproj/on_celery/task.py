@@ -31,11 +31,11 @@ from schedproj.core.records import LaneState, LeaseView, Outcome, RunRecord
 from schedproj.on_celery import recovery
 from schedproj.on_celery.expected import log_failure
 from schedproj.on_celery.keepalive import LeaseRenewer, RunHeartbeat
-from schedproj.on_celery.messages import LEASE_KWARG, Dispatch, pop_dispatch
+from schedproj.on_celery.messages import LEASE_KWARG, Dispatch, pop_dispatch, slots_of
 from schedproj.on_celery.run_context import RunContext, current, current_run, member
 from schedproj.on_celery.run_records import CONTENDED, swap_run
 from schedproj.on_celery.runtime import Runtime, runtime_for
-from schedproj.store.lease import Holder
+from schedproj.store.lease import Holder, SlotGroup
 from schedproj.store.protocol import CounterKind, counter_field
 
 logger = logging.getLogger(__name__)
@@ -147,9 +147,11 @@ class LaneTask(Task):  # type: ignore[misc]
             return  # never started here (or already recorded): nothing to close
         grant = (kwargs or {}).get(LEASE_KWARG)  # the message's own, as Celery passes it
         token = grant.get("token", "") if isinstance(grant, dict) else ""
+        pool, slots = slots_of(grant) if isinstance(grant, dict) else (None, ())
         ctx = RunContext(lane=self.lane_name, task_id=task_id,
                          started_at=(before.running_since if before else None) or time.time(),
-                         hold_cap_s=None, fence=before.fence if before else 0)
+                         hold_cap_s=None, fence=before.fence if before else 0,
+                         slots=rt.slot_group(pool, slots) if pool and slots else None)
         ctx.backlog = before.backlog if before else None
         self._record(rt, ctx, before, Outcome.FAILED, f"{type(exc).__name__}: {exc}",
                      str(token) if isinstance(token, str) else "")
@@ -162,14 +164,18 @@ class LaneTask(Task):  # type: ignore[misc]
         if dispatch.beat_fence is None:
             return self._skip(rt, task_id, "missing-beat-fence")
         now = time.time()
-        ok, value = rt.lease.start(token, rt.settings.lease_ttl_s, now,
-                                   beat_fence=dispatch.beat_fence, holder=self._holder(),
-                                   lane=self.lane_name, task_id=task_id)
+        if dispatch.pool is not None and not dispatch.slots:
+            return self._skip(rt, task_id, "stale-lease:no-slots")
+        slots = (rt.slot_group(dispatch.pool, dispatch.slots) if dispatch.pool is not None
+                 else None)
+        ok, value = (slots or rt.lease).start(
+            token, rt.settings.lease_ttl_s, now, beat_fence=dispatch.beat_fence,
+            holder=self._holder(), lane=self.lane_name, task_id=task_id)
         if not ok:
             return self._skip(rt, task_id, f"stale-lease:{value}")
         ctx = RunContext(lane=self.lane_name, task_id=task_id, started_at=now,
                          hold_cap_s=rt.settings.hold_cap_s, fence=int(value),
-                         beat_fence=dispatch.beat_fence)
+                         beat_fence=dispatch.beat_fence, slots=slots)
         ctx.lease = LeaseView(lane=ctx.lane, token=token, fence=ctx.fence, granted_at=now,
                               started_at=now, task_id=task_id, host=self._holder().host,
                               pid=os.getpid(), node=self._holder().node)
@@ -233,7 +239,9 @@ class LaneTask(Task):  # type: ignore[misc]
         self._journal(rt, ctx, "start", beat_fence=ctx.beat_fence)
         renewer: LeaseRenewer | RunHeartbeat | None = None
         if token:
-            renewer = LeaseRenewer(rt, token, ctx)
+            renewer = LeaseRenewer(rt, token, ctx, lease=None if ctx.slots is None else
+                                   rt.slot_group(ctx.slots.pool, ctx.slots.slots,
+                                                 renewal=True))
         elif before is not None:
             renewer = RunHeartbeat(rt, ctx)
         if renewer is not None:
@@ -319,8 +327,15 @@ class LaneTask(Task):  # type: ignore[misc]
         fence = record.fence
         self._journal(rt, ctx, "end", outcome=outcome.value,
                       lost=(ctx.lost.is_set() and ctx.lost_reason) or None)
+        # A run in a pool beyond the default ends under its first slot's store: that slot is
+        # released with the record (atomically, waking beat), the others just before.
+        store = rt.store
+        if ctx.slots is not None:
+            store = rt.slot_store(ctx.slots.keys)
+            if token:
+                _release_extra(ctx.slots, token, ctx.lane)
         try:
-            released, written = rt.store.finish(ctx.lane, record, token=token, fence=fence,
+            released, written = store.finish(ctx.lane, record, token=token, fence=fence,
                                                 wake_message=f"{ctx.lane}:{outcome.value}",
                                                 write=writable, due_at=self._due_at(record),
                                                 member=self.family_name is not None)
@@ -340,6 +355,14 @@ class LaneTask(Task):  # type: ignore[misc]
         if outcome is Outcome.YIELDED:
             rt.store.count(counter_field(CounterKind.YIELDS, ctx.lane))
         logger.info("lane %s: %s (backlog %s)", ctx.lane, outcome.value, record.backlog)
+
+
+def _release_extra(slots: SlotGroup, token: str, lane: str) -> None:
+    try:
+        slots.release_extra(token)
+    except Exception as exc:
+        log_failure(logger, exc, "lane %s: could not release its extra slots of pool %s; they "
+                    "expire on their own", lane, slots.pool, level=logging.ERROR)
 
 
 #: Light lanes whose unreadable run record this process has reported (once per onset: each

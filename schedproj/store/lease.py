@@ -1,22 +1,29 @@
-"""The one fleet-wide heavy lease, on Redis.
+"""The heavy lease and the slot leases of pools, on Redis.
 
 Granted with ``SET NX PX`` and a fencing number that only ever increases; started, renewed and
 released by compare-and-set on the owner token (Lua), never blindly. The TTL is short and
 renewed while a run holds the lease, so a killed holder frees it in seconds; renewal stops at
 the maximum hold, the backstop for a run that never yields.
+
+Every slot of a pool is such a lease (:class:`HeavyLease` on the slot's keys,
+``Keys.slot(pool, i)``); the default pool's one slot is the heavy lease itself. A run that
+takes ``k`` slots holds ``k`` slot leases under one token (:class:`SlotGroup`).
+:class:`PoolSlots` reads every slot of the pools beyond the default in one round trip.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import redis
 
 from schedproj.core.errors import StateError
+from schedproj.core.pools import DEFAULT_POOL, Pool
 from schedproj.core.records import LeaseView, decode, encode
 from schedproj.store import scripts
-from schedproj.store.protocol import LEASE_ACQUISITIONS, STATE_VERSION, Keys
+from schedproj.store.protocol import STATE_VERSION, Keys, SlotKeys, pool_acquisitions
 
 
 def _ms(seconds: float) -> int:
@@ -112,6 +119,9 @@ class HeavyLease:
     def __init__(self, client: redis.Redis, keys: Keys) -> None:
         self.client = client
         self.keys = keys
+        #: The counters-hash field this lease's grants bump (a slot's: its pool's).
+        self.grants_field = pool_acquisitions(keys.pool if isinstance(keys, SlotKeys)
+                                              else DEFAULT_POOL)
         self._acquire = scripts.register(client, "lease_acquire")
         self._start = scripts.register(client, "lease_start")
         self._renew = scripts.register(client, "lease_renew")
@@ -126,7 +136,7 @@ class HeavyLease:
             keys=[self.keys.lease, self.keys.lease_fence, self.keys.beat_lock,
                   self.keys.counters, self.keys.epoch],
             args=[token, lane, _ms(ttl_s), repr(now), task_id, beat_token, int(now * 1000),
-                  STATE_VERSION, LEASE_ACQUISITIONS],
+                  STATE_VERSION, self.grants_field],
         )
         if int(code) == 1:
             return Grant(granted=True, fence=int(value))
@@ -210,6 +220,135 @@ class HeavyLease:
         return int(raw)
 
 
+class SlotGroup:
+    """The slot leases one run holds under one token: ``slots`` of ``pool`` (one for most
+    lanes, ``k`` for a lane declared ``slots=k``). It answers as one :class:`HeavyLease` does:
+    started only if every slot starts (else the slots it started are released and the run
+    refused), renewed only while every slot renews, released slot by slot. The run's fence is
+    the highest of its slots' (each is at least Redis's clock in ms at its grant, so a later
+    grant of a lane in the pool always has a higher one)."""
+
+    def __init__(self, client: redis.Redis, keys: Keys, pool: str,
+                 slots: Sequence[int]) -> None:
+        if not slots:
+            raise ValueError("a slot group needs at least one slot")
+        self.pool = pool
+        self.slots = tuple(slots)
+        self.leases = [HeavyLease(client, keys.slot(pool, i)) for i in self.slots]
+        #: Each slot's fence, learnt at start (a re-assertion puts back each slot's own).
+        self.fences: dict[int, int] = {}
+
+    @property
+    def keys(self) -> Keys:
+        """The first slot's keys (its store records the run's end and releases that slot)."""
+        return self.leases[0].keys
+
+    def start(self, token: str, ttl_s: float, now: float, *, beat_fence: int | None = None,
+              holder: Holder = NO_HOLDER, lane: str = "",
+              task_id: str = "") -> tuple[bool, int | str]:
+        started: list[HeavyLease] = []
+        for index, lease in zip(self.slots, self.leases, strict=True):
+            ok, value = lease.start(token, ttl_s, now, beat_fence=beat_fence, holder=holder,
+                                    lane=lane, task_id=task_id)
+            if not ok:
+                for done in started:  # all or none: a run never holds part of its slots
+                    done.release(token)
+                return False, value
+            started.append(lease)
+            self.fences[index] = int(value)
+        return True, max(self.fences.values())
+
+    def renew(self, token: str, ttl_s: float, now: float, max_hold_s: float, *,
+              reassert: LeaseView | None = None) -> Renewal:
+        """Renew every slot (each re-asserted with its own fence); the first refusal is the
+        answer, and the pressure is the pool's (the first slot's reply)."""
+        first: Renewal | None = None
+        reasserted = False
+        for index, lease in zip(self.slots, self.leases, strict=True):
+            mine = (replace(reassert, fence=self.fences.get(index, reassert.fence))
+                    if reassert is not None else None)
+            reply = lease.renew(token, ttl_s, now, max_hold_s, reassert=mine)
+            if not reply.ok:
+                return reply
+            reasserted = reasserted or reply.reason == "reasserted"
+            first = first or reply
+        assert first is not None
+        return Renewal(True, "reasserted" if reasserted else "", first.pressure)
+
+    def release(self, token: str) -> bool:
+        return all([lease.release(token) for lease in self.leases])
+
+    def release_extra(self, token: str) -> None:
+        """Release every slot but the first (the run's end releases that one with its
+        record, atomically, and wakes beat)."""
+        for lease in self.leases[1:]:
+            lease.release(token)
+
+    def request(self) -> OperatorRequest | None:
+        """An operator's request to the holder of any of the slots."""
+        for lease in self.leases:
+            request = lease.request()
+            if request is not None:
+                return request
+        return None
+
+
+class PoolSlots:
+    """Reads every slot of the pools beyond the default: one round trip (MGET)."""
+
+    def __init__(self, client: redis.Redis, keys: Keys, pools: Mapping[str, Pool]) -> None:
+        self.client, self.keys = client, keys
+        self.pools = {name: pool for name, pool in sorted(pools.items())
+                      if name != DEFAULT_POOL}
+        self.slot_keys = [keys.slot(name, i) for name, pool in self.pools.items()
+                          for i in range(pool.slots)]
+
+    def __bool__(self) -> bool:
+        return bool(self.slot_keys)
+
+    def read(self) -> dict[str, list[LeaseView | None]]:
+        """Per pool, each slot's lease (None: free). A slot holding garbage is busy with an
+        unknown holder (:data:`UNREADABLE_SLOT`): nothing is granted over it."""
+        if not self.slot_keys:
+            return {}
+        raws = self.client.mget([k.lease for k in self.slot_keys])
+        out: dict[str, list[LeaseView | None]] = {name: [] for name in self.pools}
+        for keys, raw in zip(self.slot_keys, raws, strict=True):
+            assert isinstance(keys, SlotKeys)
+            try:
+                lease = parse_lease(None if raw is None else str(raw), keys.lease)
+            except StateError:
+                lease = UNREADABLE_SLOT
+            out[keys.pool].append(lease)
+        return out
+
+
+#: What a slot whose record cannot be read counts as: held, by nobody known.
+UNREADABLE_SLOT = LeaseView(lane="", token="", fence=0, granted_at=0.0)
+
+
+def holders(slots: Mapping[str, Sequence[LeaseView | None]]) -> dict[str, list[str]]:
+    """Per pool, the lane holding each busy slot (``""``: unknown), as
+    ``core.pools.grant`` takes them."""
+    return {pool: [lease.lane for lease in leases if lease is not None]
+            for pool, leases in slots.items()}
+
+
+def slot_holders(slots: Mapping[str, Sequence[LeaseView | None]]) -> dict[str, LeaseView]:
+    """The slot lease naming each lane that holds a slot (a lane holding k slots: its first)."""
+    out: dict[str, LeaseView] = {}
+    for leases in slots.values():
+        for lease in leases:
+            if lease is not None and lease.lane:
+                out.setdefault(lease.lane, lease)
+    return out
+
+
+def free_slots(leases: Sequence[LeaseView | None]) -> list[int]:
+    """The indexes of a pool's free slots, lowest first."""
+    return [i for i, lease in enumerate(leases) if lease is None]
+
+
 def parse_lease(raw: str | None, key: str) -> LeaseView | None:
     """Decode the lease record (written by Lua, so numbers may come back as floats)."""
     if raw is None:
@@ -224,4 +363,5 @@ def parse_lease(raw: str | None, key: str) -> LeaseView | None:
     return decode(LeaseView, raw, key)
 
 
-__all__ = ["Grant", "HeavyLease", "Holder", "OperatorRequest", "Renewal", "parse_lease"]
+__all__ = ["UNREADABLE_SLOT", "Grant", "HeavyLease", "Holder", "OperatorRequest", "PoolSlots",
+           "Renewal", "SlotGroup", "free_slots", "holders", "parse_lease", "slot_holders"]

@@ -10,6 +10,7 @@ from enum import StrEnum
 
 from schedproj.core.defaults import STATE_VERSION
 from schedproj.core.laneset import REGISTRY_VERSION
+from schedproj.core.pools import DEFAULT_POOL
 from schedproj.core.pressure import PRESSURE_VERSION
 
 #: Format version of the watchdog's alarm latch (``<prefix>:watchdog``).
@@ -206,6 +207,55 @@ class Keys:
         """Hash: lane -> last scheduling error (due-check raised, malformed state)."""
         return f"{self.prefix}:errors"
 
+    def slot(self, pool: str, slot: int) -> Keys:
+        """The keys of slot ``slot`` (0-based) of ``pool``: every slot is a lease like the
+        heavy lease, with its own record, fencing counter and operator request; the pool's
+        holders share the pool's pressure hash. The default pool's one slot *is* the heavy
+        lease: its keys are these very keys (nothing to migrate)."""
+        if pool == DEFAULT_POOL and slot == 0:
+            return self
+        return SlotKeys(self.prefix, pool=pool, index=slot)
+
+
+@dataclass(frozen=True)
+class SlotKeys(Keys):
+    """The keys of one slot of a pool beyond the default: ``<prefix>:pool:<pool>:slot:<i>``
+    (the lease record, with a TTL), ``...:fence`` (its fencing counter), ``...:request`` (an
+    operator's request to its holder), and ``<prefix>:pool:<pool>:pressure`` (the pressure
+    on the pool's holders). Every other key is the deployment's, so a store or lease built on
+    these keys finishes, renews and releases a run under its slot and nothing else."""
+
+    pool: str = DEFAULT_POOL
+    index: int = 0
+
+    @property
+    def lease(self) -> str:
+        """String (JSON): the slot's lease record (as the heavy lease's), with a Redis TTL."""
+        return f"{self.prefix}:pool:{self.pool}:slot:{self.index}"
+
+    @property
+    def lease_fence(self) -> str:
+        """Integer: the slot's fencing counter (never below Redis's clock in ms at a grant,
+        so fences of one pool's slots compare as grant times). Never decreases."""
+        return f"{self.lease}:fence"
+
+    @property
+    def lease_request(self) -> str:
+        """String (JSON): an operator's request to the slot's holder, with a TTL."""
+        return f"{self.lease}:request"
+
+    @property
+    def pressure(self) -> str:
+        """Hash: the pressure on the pool's holders (``current``; the same fields as
+        :attr:`Keys.pressure`)."""
+        return f"{self.prefix}:pool:{self.pool}:pressure"
+
+
+def pool_acquisitions(pool: str) -> str:
+    """The counters-hash field counting slot grants of ``pool`` (the default pool's are
+    :data:`LEASE_ACQUISITIONS`)."""
+    return LEASE_ACQUISITIONS if pool == DEFAULT_POOL else f"pool_acquisitions|{pool}"
+
 
 def run_field(lane: str) -> str:
     return f"{lane}|run"
@@ -266,8 +316,10 @@ __all__ = [
     "WATCHDOG_VERSION",
     "CounterKind",
     "Keys",
+    "SlotKeys",
     "counter_field",
     "parse_counter_field",
+    "pool_acquisitions",
     "run_field",
     "sched_field",
 ]

@@ -711,7 +711,7 @@ def test_decide_with_a_pool_beside_the_lease() -> None:
     decision = decide(lanes, states, None, 1000.0, pools=POOLS)
     assert decision.winner == "backup"
     assert [(g.lane, g.slots) for g in decision.pool_grants] == [("train", 2)]
-    assert decision.dispatched == ("backup",)  # pool grants are not sent yet: core only
+    assert decision.dispatched == ("backup", "train")  # the winner, then pool grants
     behind = {d.lane: (d.reason.value, d.blocker) for d in decision.deferred}
     assert behind == {"sync": ("heavy-maintenance-backpressure", "backup"),
                       "infer": ("heavy-maintenance-backpressure", "train"),
