@@ -6,6 +6,11 @@ worker's clock), which outlives the processes:
 
 * ``handoff``: ``BENCH_HEAVY`` heavy lanes that are always due (a waiting backlog), each run
   sleeping ``BENCH_HEAVY_RUN_S``; the hand-off gap is the next run's start minus this run's end.
+  A heavy run's record is pushed by the next run of the process, after that run's start is
+  stamped, so the benchmark's own write is not inside the gap it measures (in the other
+  scenarios it is pushed as the run ends). The plain task
+  ``bench.floor`` (not a lane) measures the floor: a message published to the idle heavy
+  worker, its body's start minus the publish time the message carries.
 * ``light-delay``: ``BENCH_HEAVY`` heavy lanes holding the lease (runs of ``BENCH_HEAVY_RUN_S``)
   and ``BENCH_LIGHT`` light lanes with cadences from ``BENCH_LIGHT_CADENCE_S`` up; a light run
   records when it fell due (its previous run's end plus its cadence), when beat dispatched it
@@ -24,6 +29,7 @@ from typing import Any
 import redis
 from celery import shared_task
 
+from bench import handoff_trace
 from schedproj import Lane, LaneKind, LaneTask
 from schedproj.core.families import LaneFamily
 from schedproj.store.protocol import Keys, run_field, sched_field
@@ -38,6 +44,8 @@ LIGHT_CADENCE_S = float(os.environ.get("BENCH_LIGHT_CADENCE_S", "0.5"))
 ALWAYS_DUE_S = 0.001
 
 RUNS_KEY = f"{PREFIX}:bench:runs"
+FLOOR_KEY = f"{PREFIX}:bench:floor"
+FLOOR_TASK = "bench.floor"
 DONE_KEY = f"{PREFIX}:bench:done"
 KEYS = Keys(PREFIX)
 
@@ -74,11 +82,24 @@ def _field(raw: Any, name: str) -> Any:
     return None if raw is None else json.loads(raw).get(name)
 
 
+#: Heavy runs of this process not yet pushed (the next run pushes them, outside any gap).
+_unpushed: list[dict[str, Any]] = []
+
+
 def heavy_body(task: LaneTask, lane: str) -> None:
     start = time.time()
-    time.sleep(HEAVY_RUN_S)
-    _record({"lane": lane, "kind": "heavy", "start": start, "end": time.time(),
-             "fence": task.fence})
+    handoff_trace.mark("body_start", str(task.request.id), start)
+    if _unpushed:
+        client().rpush(RUNS_KEY, *(json.dumps(r) for r in _unpushed))
+        _unpushed.clear()
+    time.sleep(max(0.0, start + HEAVY_RUN_S - time.time()))
+    end = time.time()
+    handoff_trace.mark("body_end", str(task.request.id), end)
+    _unpushed.append({"lane": lane, "kind": "heavy", "start": start, "end": end,
+                      "fence": task.fence, "task": str(task.request.id)})
+    if SCENARIO != "handoff":  # no gap measured: the record is pushed at once
+        client().rpush(RUNS_KEY, *(json.dumps(r) for r in _unpushed))
+        _unpushed.clear()
 
 
 def light_delay_body(lane: str, cadence_s: float) -> None:
@@ -135,11 +156,23 @@ def _declare_idle_family() -> None:
         heavy_body(self, f"{IDLE_FAMILY}[{key}]")
 
 
+def _declare_floor() -> None:
+    """A plain task on the heavy queue: its start minus the publish time it carries."""
+    @shared_task(name=FLOOR_TASK)
+    def floor(published: float) -> None:
+        start = time.time()
+        handoff_trace.mark("body_start", "floor", start)
+        client().rpush(FLOOR_KEY, json.dumps({"published": published, "start": start}))
+
+
+if os.environ.get("BENCH_TRACE_DIR"):
+    handoff_trace.install(os.environ["BENCH_TRACE_DIR"])
 if SCENARIO in ("handoff", "light-delay"):
     for _name in heavy_names():
         _declare_heavy(_name)
 if SCENARIO == "handoff":
     _declare_idle_family()
+    _declare_floor()
 if SCENARIO == "light-delay":
     for _i, _name in enumerate(light_names()):
         _declare_light_delay(_name, light_cadence(_i))

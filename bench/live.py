@@ -19,10 +19,11 @@ from typing import Any
 import redis
 
 from bench.cluster import Cluster, process_cpu_seconds, redis_server_pid, scenario_env
+from bench.handoff import FloorProbe, against_floor, floor_figures
 from bench.stats import ratio, summary
 from schedproj.core import defaults
 from schedproj.core.records import Outcome, RunRecord, encode
-from schedproj.devtools.processes import wait_for
+from schedproj.devtools.processes import stop_all, wait_for
 from schedproj.store.lane_store import LaneStore
 from schedproj.store.protocol import Keys
 
@@ -37,6 +38,8 @@ class LiveOptions:
 
     handoff_samples_on: int = 200
     handoff_samples_off: int = 20
+    #: Floor samples (bench.handoff): half before beat starts, half after it stopped.
+    handoff_floor_samples: int = 200
     handoff_lanes: int = 3
     handoff_run_s: float = 0.02
     #: Beat's loop interval in every live scenario: SCHEDPROJ_BEAT_MAX_LOOP_INTERVAL_S.
@@ -55,7 +58,8 @@ class LiveOptions:
 
     @classmethod
     def smoke(cls) -> LiveOptions:
-        return cls(handoff_samples_on=5, handoff_samples_off=2, interval_s=0.5,
+        return cls(handoff_samples_on=5, handoff_samples_off=2, handoff_floor_samples=4,
+                   interval_s=0.5,
                    light_delay_s=3.0, light_heavy_run_s=0.3, throughput_warmup_s=0.5,
                    throughput_window_s=2.0, warmup_runs=1, blpop_samples=4)
 
@@ -103,9 +107,13 @@ def seed_idle_members(client: redis.Redis, n: int) -> None:
 
 
 def handoff(url: str, opts: LiveOptions, *, wake: bool, idle_members: int = 0,
-            samples: int | None = None) -> dict[str, Any]:
+            samples: int | None = None, floor_samples: int = 0,
+            trace_dir: Path | None = None) -> dict[str, Any]:
     """Heavy runs back to back while a backlog waits: next start minus previous end. With
-    ``idle_members``, that many more lanes are declared (members of a family, never due)."""
+    ``idle_members``, that many more lanes are declared (members of a family, never due).
+    With ``floor_samples``, the floor is measured on the same worker, half before beat starts
+    and half after it stopped (:mod:`bench.handoff`); with ``trace_dir``, every process
+    stamps the hand-off path there (:mod:`bench.handoff_trace`)."""
     if samples is None:
         samples = opts.handoff_samples_on if wake else opts.handoff_samples_off
     extra = {
@@ -114,22 +122,45 @@ def handoff(url: str, opts: LiveOptions, *, wake: bool, idle_members: int = 0,
         "BENCH_HEAVY": str(opts.handoff_lanes),
         "BENCH_HEAVY_RUN_S": str(opts.handoff_run_s),
     }
+    if trace_dir is not None:
+        extra["BENCH_TRACE_DIR"] = str(trace_dir)
+    # The last run's record is pushed by the run after it (bench.lanes): one more to wait for.
     wanted = samples + opts.warmup_runs + 1
-    budget = 60 + wanted * (opts.interval_s + opts.handoff_run_s) * 2
     with fresh(url, "handoff", extra) as (cluster, client):
         seed_idle_members(client, idle_members)
         cluster.worker("heavy", defaults.HEAVY_QUEUE, 1)
-        cluster.fair_beat()
-        def enough() -> bool:
-            cluster.check_alive()  # a process that died fails the scenario now, not at timeout
-            return int(client.llen(RUNS_KEY)) >= wanted
-
-        wait_for(enough, budget, f"{wanted} heavy runs")
+        probe = FloorProbe(url, PREFIX) if floor_samples else None
+        if probe is not None:
+            probe.measure(floor_samples // 2)
+        beat = cluster.fair_beat()
+        _wait_for_runs(cluster, client, wanted,
+                       60 + wanted * (opts.interval_s + opts.handoff_run_s) * 2)
         done = heavy_runs(client)
-    kept = done[opts.warmup_runs:]
+        if probe is not None:
+            stop_all([beat])  # the worker finishes its run and goes idle: the floor again
+            wait_for(lambda: not client.exists(Keys(PREFIX).lease), 30, "the lease released")
+            time.sleep(0.2)
+            probe.measure(floor_samples - floor_samples // 2)
+            probe.close()
+    return _handoff_figures(opts, wake, idle_members, done[opts.warmup_runs:wanted],
+                            probe.samples if probe is not None else None,
+                            keep_raw=trace_dir is not None)
+
+
+def _wait_for_runs(cluster: Cluster, client: redis.Redis, wanted: int, budget: float) -> None:
+    def enough() -> bool:
+        cluster.check_alive()  # a process that died fails the scenario now, not at timeout
+        return int(client.llen(RUNS_KEY)) >= wanted
+
+    wait_for(enough, budget, f"{wanted} heavy runs")
+
+
+def _handoff_figures(opts: LiveOptions, wake: bool, idle_members: int,
+                     kept: list[dict[str, Any]], floor: list[dict[str, float]] | None, *,
+                     keep_raw: bool) -> dict[str, Any]:
     gaps = [b["start"] - a["end"] for a, b in itertools.pairwise(kept)]
     fences = [r["fence"] for r in kept]
-    return {
+    out: dict[str, Any] = {
         "wake_on_release": wake,
         "loop_interval_s": opts.interval_s,
         "heavy_lanes": opts.handoff_lanes,
@@ -140,10 +171,18 @@ def handoff(url: str, opts: LiveOptions, *, wake: bool, idle_members: int = 0,
         "overlaps": sum(1 for g in gaps if g < 0),
         "fences_increase": all(b > a for a, b in itertools.pairwise(fences)),
     }
+    if floor is not None:
+        out["floor"] = floor_figures(floor)
+        out["floor"]["samples_ms"] = [round((s["start"] - s["published"] + s["rtt"]) * 1000.0,
+                                            3) for s in floor]
+        out["against_floor"] = against_floor(out["gap_ms"], out["floor"])
+    if keep_raw:
+        out["kept_runs"], out["floor_samples"] = kept, floor or []
+    return out
 
 
 def handoff_section(url: str, opts: LiveOptions) -> dict[str, Any]:
-    on = handoff(url, opts, wake=True)
+    on = handoff(url, opts, wake=True, floor_samples=opts.handoff_floor_samples)
     off = handoff(url, opts, wake=False)
     med_on, p99_on = on["gap_ms"]["median"], on["gap_ms"]["p99"]
     return {
@@ -154,6 +193,8 @@ def handoff_section(url: str, opts: LiveOptions) -> dict[str, Any]:
             "median_under_50ms": med_on is not None and med_on < 50.0,
             "p99_under_250ms": p99_on is not None and p99_on < 250.0,
         },
+        # Issue 23: the gap against the floor measured on the same worker in this run.
+        "floor_goals": on["against_floor"]["goals"],
     }
 
 

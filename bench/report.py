@@ -74,6 +74,53 @@ def handoff_md(s: dict[str, Any]) -> str:
     out += (f"\nMedian gap, polling over wake: **{fmt(s['median_ratio_off_over_on'])}x**. "
             f"Goals (wake on): median under 50 ms — {fmt(s['goals']['median_under_50ms'])}; "
             f"p99 under 250 ms — {fmt(s['goals']['p99_under_250ms'])}.\n")
+    if "floor" in s["wake_on"]:
+        out += "\n" + floor_md(s["wake_on"])
+    return out
+
+
+def floor_md(r: dict[str, Any]) -> str:
+    """The gap (wake on) beside the floor measured on the same worker in the same run."""
+    gap, floor = r["gap_ms"], r["floor"]
+    rows = [("hand-off gap (run end to next heavy start)", gap["n"], gap["median"],
+             gap["p90"], gap["p99"], gap["max"]),
+            *((label, floor[key]["n"], floor[key]["median"], floor[key]["p90"],
+               floor[key]["p99"], floor[key]["max"])
+              for key, label in (("floor_ms", "floor: publish to start + one round trip"),
+                                 ("publish_to_start_ms", "  publish to an idle worker's start"),
+                                 ("round_trip_ms", "  one Redis round trip (PING)")))]
+    out = table(("", "samples", "median (ms)", "p90", "p99", "max"), rows)
+    vs = r["against_floor"]
+    return out + (f"\nGap over the floor's median: median **{fmt(vs['median_over_floor'])}x** "
+                  f"(goal ≤ 2x — {fmt(vs['goals']['median_within_2x_floor'])}), p99 "
+                  f"**{fmt(vs['p99_over_floor'])}x** (goal ≤ 4x — "
+                  f"{fmt(vs['goals']['p99_within_4x_floor'])}).\n")
+
+
+def handoff_breakdown_md(r: dict[str, Any]) -> str:
+    """The traced hand-off: gap and floor, then the median of each stage of both paths."""
+    b = r["breakdown"]
+    out = ""
+    if "untraced" in r:
+        out += "*Untraced, just before*\n\n" + floor_md(r["untraced"]) + "\n*Traced*\n\n"
+    out += floor_md(r)
+    out += (f"\n*Where the gap goes* ({b['handoffs_traced']} hand-offs traced, "
+            f"{b['handoffs_unmatched']} unmatched; stage = from the previous stamp to this "
+            "one)\n\n")
+    rows = [(x["stamp"], x["process"], x["stage"], x["median_ms"], x["p90_ms"],
+             x["offset_median_ms"]) for x in b["handoff_stages"]]
+    out += table(("stamp", "process", "stage", "median (ms)", "p90", "at (median, ms)"), rows)
+    out += f"\n*The floor's stages* ({b['floor_samples_traced']} samples)\n\n"
+    rows = [(x["stamp"], x["process"], x["stage"], x["median_ms"], x["p90_ms"],
+             x["offset_median_ms"]) for x in b["floor_stages"]]
+    out += table(("stamp", "process", "stage", "median (ms)", "p90", "at (median, ms)"), rows)
+    side = b["handoff_side"]
+    if side:
+        out += "\n*Beside the path* (medians, ms)\n\n" + table(("figure", "median", "p90"), [
+            (key, g(side, key, "median"), g(side, key, "p90"))
+            for key in side if isinstance(side[key], dict)])
+        out += ("\nHand-offs in which the worker had not yet asked for the next message when "
+                f"beat published it: {fmt(side['worker_not_yet_fetching_at_publish'])}.\n")
     return out
 
 
@@ -349,6 +396,8 @@ def markdown(results: dict[str, Any]) -> str:
                light_delay_md),
               ("throughput", "Light-path throughput, one light worker", throughput_md),
               ("handoff_scale", "Hand-off gap with many lanes declared", handoff_scale_md),
+              ("handoff_breakdown", "Where the hand-off gap goes (traced)",
+               handoff_breakdown_md),
               ("entries", "Schedule entries: start-up, idle tick and memory", entries_md))
     for key, title, fn in render:
         if key in sections:
