@@ -1,0 +1,212 @@
+"""Pools on beat's side, in-process against real Redis: how pools are declared (code, the
+environment, the errors), and what a tick grants and sends for a pool of two slots beside the
+default pool. Beat's sends go to a real Redis broker; the tests read the queued messages back
+from the queue lists instead of running workers (tests/e2e/test_pools_live.py runs them)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+from celery import Celery
+
+from schedproj import Lane, LaneKind, LaneTask, Pool, PoolError, configure_app
+from schedproj.core.errors import ConfigurationError, LaneDeclarationError
+from schedproj.core.pools import DEFAULT_POOL
+from schedproj.core.records import RunRecord
+from schedproj.on_celery.beat import FairScheduler
+from schedproj.on_celery.config import app_pools, lane_set_for
+from schedproj.settings import Settings
+from schedproj.store.lane_store import LaneStore
+from schedproj.store.lease import HeavyLease
+from schedproj.store.protocol import Keys
+from tests.conftest import BROKER_URL, REDIS_URL, make_app, sent
+
+
+@pytest.fixture
+def gpu_queue(broker: redis.Redis) -> Iterator[redis.Redis]:
+    broker.delete("gpu")
+    yield broker
+    broker.delete("gpu")
+
+
+def nothing() -> None:
+    """A lane body: these tests only look at what beat sends."""
+
+
+def pool_lanes(app: Celery) -> None:
+    for n in range(3):
+        app.task(shared=False, base=LaneTask, name=f"t.gpu-{n}",
+                 lane=Lane(cadence_s=60, pool="gpu", order=n))(nothing)
+    app.task(shared=False, base=LaneTask, name="t.heavy",
+             lane=Lane(cadence_s=60))(nothing)
+    app.task(shared=False, base=LaneTask, name="t.light",
+             lane=Lane(cadence_s=60, kind=LaneKind.LIGHT))(nothing)
+
+
+def build(key_prefix: str, **overrides: object) -> Celery:
+    return make_app(key_prefix, pool_lanes, **{
+        "beat_max_loop_interval_s": 0.2, "beat_lock_ttl_s": 1.0, "start_deadline_s": 5.0,
+        "pools": "gpu=2", **overrides})
+
+
+def grant(message: dict) -> dict:
+    return dict(message["kwargs"]["schedproj_lease"])
+
+
+def queued(broker: redis.Redis, queue: str) -> list[dict]:
+    """The messages waiting in ``queue``, in the order they were sent (kombu pushes each to
+    the head of the list, and workers take from its tail)."""
+    out = []
+    for raw in reversed(broker.lrange(queue, 0, -1)):
+        message = json.loads(raw)
+        _, kwargs, _ = json.loads(base64.b64decode(message["body"]))
+        out.append({"task": message["headers"]["task"], "id": message["headers"]["id"],
+                    "kwargs": kwargs})
+    return out
+
+
+def test_a_tick_fills_the_free_slots_of_a_pool_beside_the_lease(
+        key_prefix: str, gpu_queue: redis.Redis, redis_client: redis.Redis) -> None:
+    keys = Keys(key_prefix)
+    sched = FairScheduler(app=build(key_prefix))
+    sched.tick()
+    gpu = queued(gpu_queue, "gpu")
+    assert [m["task"] for m in gpu] == ["t.gpu-0", "t.gpu-1"]
+    assert [m["task"] for m in sent(gpu_queue, "heavy")] == ["t.heavy"]
+    assert [m["task"] for m in sent(gpu_queue, "light")] == ["t.light"]
+    # Each gpu message carries its own slot of the pool; the heavy one is the lease's, as
+    # before pools (no pool, no slots in it).
+    assert [(grant(m)["pool"], grant(m)["slots"]) for m in gpu] == [("gpu", [0]), ("gpu", [1])]
+    assert set(grant(queued(gpu_queue, "heavy")[0])) == {"token", "fence", "beat_fence"}
+    for index, message in enumerate(gpu):
+        lease = HeavyLease(redis_client, keys.slot("gpu", index)).read()
+        assert lease is not None and lease.task_id == message["id"]
+        assert lease.lane == message["task"] and lease.token == grant(message)["token"]
+    third = json.loads(redis_client.hget(keys.lanes, "t.gpu-2|sched"))["deferral"]
+    assert (third["reason"], third["blocker"]) == ("heavy-maintenance-backpressure", "t.gpu-0")
+
+    sched.tick()  # both slots held: nothing more for the pool
+    assert len(queued(gpu_queue, "gpu")) == 2
+    # Lost the pick, now waiting for the pool's holders: one wait, not rewritten (as a lane
+    # waiting for the heavy lease).
+    again = json.loads(redis_client.hget(keys.lanes, "t.gpu-2|sched"))["deferral"]
+    assert again == third
+
+    # Slot 1's run ends (recorded under its slot, as a worker does): the slot frees and
+    # beat is woken; the next tick hands the slot to the waiting lane, and slot 0 stays
+    # with its holder.
+    done = RunRecord(runs=1, last_run_at=time.time(), last_task_id=gpu[1]["id"],
+                     fence=grant(gpu[1])["fence"])
+    assert LaneStore(redis_client, keys.slot("gpu", 1)).finish(
+        "t.gpu-1", done, token=grant(gpu[1])["token"], fence=done.fence,
+        wake_message="t.gpu-1:completed") == (True, 1)
+    assert redis_client.lrange(keys.wake, 0, -1) == ["t.gpu-1:completed"]
+    sched.tick()
+    after = queued(gpu_queue, "gpu")
+    assert [m["task"] for m in after] == ["t.gpu-0", "t.gpu-1", "t.gpu-2"]
+    assert grant(after[2])["slots"] == [1]
+    assert grant(after[2])["fence"] > grant(gpu[1])["fence"]
+    sched.close()
+
+
+def test_a_running_pool_run_is_not_lost_until_its_slot_lease_is_gone(
+        key_prefix: str, gpu_queue: redis.Redis, redis_client: redis.Redis) -> None:
+    """Beat judges a pool lane's run by the slot lease naming it, not by the heavy lease."""
+    keys = Keys(key_prefix)
+    now = time.time()
+    for lane, task in (("t.gpu-0", "running-1"), ("t.gpu-1", "killed-2")):
+        redis_client.hset(keys.lanes, f"{lane}|run", json.dumps({
+            "v": 1, "last_run_at": now - 30, "last_task_id": "done-0",
+            "running_task_id": task, "running_since": now - 5, "fence": 1}))
+    slot0 = HeavyLease(redis_client, keys.slot("gpu", 0))
+    assert slot0.acquire("t.gpu-0", "tok", 30.0, now, task_id="running-1").granted
+    assert slot0.start("tok", 30.0, now)[0]
+    sched = FairScheduler(app=build(key_prefix))
+    sched.tick()
+    journal = [json.loads(e) for e in redis_client.lrange(keys.journal, 0, -1)]
+    lost = {e["task"] for e in journal if e.get("ev") == "lost"}
+    assert lost == {"killed-2"}, journal
+    # The running lane keeps slot 0 (and is not sent again); the free slot goes to the lane
+    # that never ran.
+    assert [(m["task"], grant(m)["slots"]) for m in queued(gpu_queue, "gpu")] == [
+        ("t.gpu-2", [1])]
+    run = json.loads(redis_client.hget(keys.lanes, "t.gpu-0|run"))
+    assert run["running_task_id"] == "running-1" and run["last_task_id"] == "done-0"
+    sched.close()
+
+
+def test_a_quarantine_grants_nothing_in_any_pool(key_prefix: str, gpu_queue: redis.Redis,
+                                                 redis_client: redis.Redis) -> None:
+    keys = Keys(key_prefix)
+    redis_client.delete(keys.epoch)  # Redis lost state: every grant waits the quarantine
+    sched = FairScheduler(app=build(key_prefix, state_loss_quarantine_s=30.0))
+    sched.tick()
+    sched.tick()
+    assert queued(gpu_queue, "gpu") == [] and sent(gpu_queue, "heavy") == []
+    assert [m["task"] for m in sent(gpu_queue, "light")] == []
+    assert redis_client.keys(f"{key_prefix}:pool:*") == []
+    deferral = json.loads(redis_client.hget(keys.lanes, "t.gpu-0|sched"))["deferral"]
+    assert deferral["reason"] == "state-loss-quarantine"
+    sched.close()
+
+
+# -- declaring pools --------------------------------------------------------------------------
+
+
+def settings(key_prefix: str = "t-pools", **values: object) -> Settings:
+    return Settings.load(broker_url=BROKER_URL, redis_url=REDIS_URL, key_prefix=key_prefix,
+                         **values)
+
+
+def test_pools_from_code_and_the_environment_which_wins() -> None:
+    app = Celery("t-pools-code", set_as_current=False)
+    configure_app(app, settings(pools="db=3,gpu=4"), pools=[Pool("gpu", slots=2),
+                                                           Pool("api", slots=1)])
+    assert {name: p.slots for name, p in app_pools(app).items()} == {
+        DEFAULT_POOL: 1, "gpu": 4, "api": 1, "db": 3}
+
+
+def test_a_lane_naming_an_undeclared_pool_names_the_lane_and_the_fix() -> None:
+    app = Celery("t-pools-undeclared", set_as_current=False)
+    configure_app(app, settings(), pools=[Pool("gpu", slots=2)])
+    app.task(shared=False, base=LaneTask, name="t.train",
+             lane=Lane(cadence_s=60, pool="tpu"))(nothing)
+    with pytest.raises(LaneDeclarationError) as caught:
+        lane_set_for(app)
+    assert caught.value.lane == "t.train"
+    assert "tpu" in str(caught.value) and "SCHEDPROJ_POOLS='tpu=2'" in caught.value.fix
+
+
+@pytest.mark.parametrize("value", ["gpu=0", "gpu=two", "light=2", "heavy=2", "gpu"])
+def test_a_bad_pools_setting_names_the_setting(value: str) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        settings(pools=value)
+    assert "SCHEDPROJ_POOLS" in str(caught.value) and "Fix:" in str(caught.value)
+
+
+def test_a_pool_may_not_take_the_name_of_a_queue_of_the_app() -> None:
+    app = Celery("t-pools-queue", set_as_current=False)
+    app.conf.task_default_queue = "batch"
+    with pytest.raises(PoolError) as caught:
+        configure_app(app, settings(), pools=[Pool("batch", slots=2)])
+    assert caught.value.pool == "batch" and "Pool('gpu', slots=2)" in caught.value.fix
+    routed = Celery("t-pools-routes", set_as_current=False)
+    routed.conf.task_routes = {"reports.*": {"queue": "reports"}}
+    with pytest.raises(PoolError):
+        configure_app(routed, settings(pools="reports=2"))
+    with pytest.raises(PoolError):
+        Pool("light", slots=2)
+
+
+def test_a_pool_lane_is_routed_to_its_pools_queue(key_prefix: str,
+                                                  gpu_queue: redis.Redis) -> None:
+    app = build(key_prefix)
+    app.tasks["t.gpu-0"].apply_async()
+    app.tasks["t.heavy"].apply_async()
+    assert [m["task"] for m in sent(gpu_queue, "gpu")] == ["t.gpu-0"]
+    assert [m["task"] for m in sent(gpu_queue, "heavy")] == ["t.heavy"]
