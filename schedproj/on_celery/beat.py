@@ -46,6 +46,7 @@ from schedproj.on_celery.entries import (
 from schedproj.on_celery.family_sync import FamilySync
 from schedproj.on_celery.key_health import KeyHealth, wrong_typed
 from schedproj.on_celery.loss_recovery import LossRecovery, say_state_loss
+from schedproj.on_celery.pool_pressure import PoolPressure
 from schedproj.on_celery.runtime import Runtime, settings_for
 from schedproj.on_celery.tick_lanes import TickLanes
 from schedproj.settings import Settings
@@ -80,6 +81,7 @@ class BeatEngine:
     entries: BeatEntries
     #: The slot leases of the pools beyond the default (empty: none declared).
     slots: PoolSlots
+    pool_pressure: PoolPressure
 
     @classmethod
     def build(cls, rt: Runtime, lanes: LaneSet, scheduler: FairScheduler,
@@ -101,7 +103,8 @@ class BeatEngine:
                                 rt.keys, scheduler.token, scheduler.send_entry,
                                 code_entries, max_look_s=RECHECK_S,
                                 reserved=lanes.names),
-            slots=PoolSlots(rt.store.client, rt.keys, lanes.pools))
+            slots=PoolSlots(rt.store.client, rt.keys, lanes.pools),
+            pool_pressure=PoolPressure(rt))
 
 
 def stall_before_send(seconds: float) -> Callable[[Plan], None]:
@@ -321,6 +324,10 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         if plan is not None:
             e.pressure.publish(plan.decision, snap, now, states=plan.states,
                                partial=skipped > 0, granted=e.dispatcher.granted)
+            if slots:
+                e.pool_pressure.publish(plan.decision, slots, e.dispatcher.granted_slots,
+                                        plan.states, now, fresh=snap.lock.event != "renewed"
+                                        or bool(snap.epoch.cause))
         e.families.sync(now)
         e.lanes.keep_only(e.memory.states)
         interval = self._wait(plan, next_look, now)

@@ -64,6 +64,9 @@ class Dispatcher:
         self.apply_entry, self.before_send = apply_entry, before_send
         #: The heavy lease this beat granted in its last dispatch (None: it granted none).
         self.granted: LeaseView | None = None
+        #: The slot grants of its last dispatch, per pool (one view per grant, with the
+        #: grant's fence: the highest of its slots').
+        self.granted_slots: dict[str, list[LeaseView]] = {}
         #: The last refusal said for a heavy grant or a counter write (once per onset).
         self.refused: dict[str, str] = {}
 
@@ -78,7 +81,7 @@ class Dispatcher:
             # A long tick (thousands of lanes newly due at once) outlived the lock.
             self.memory.reset()
             raise BeatLockLost("the tick outlived the beat lock before recording the dispatch")
-        self.granted = None
+        self.granted, self.granted_slots = None, {}
         plan, grant_kwargs = self._grant(plan, snap.lock.fence)
         grants: dict[str, dict[str, Any]] = {}
         if grant_kwargs and plan.decision.winner is not None:
@@ -220,6 +223,9 @@ class Dispatcher:
             token, fence, indexes = taken
             grants[grant.lane] = heavy_kwargs(token, fence, beat_fence, pool=grant.pool,
                                               slots=indexes)
+            self.granted_slots.setdefault(grant.pool, []).append(LeaseView(
+                lane=grant.lane, token=token, fence=fence, granted_at=plan.now,
+                task_id=send.task_id))
         return plan.only(set(plan.sends) - dropped) if dropped else plan
 
     def _take_slots(self, grant: Grant, send: Send, now: float,

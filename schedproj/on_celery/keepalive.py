@@ -101,7 +101,8 @@ class LeaseRenewer(threading.Thread):
         s = self.rt.settings
         self.ctx.pressure_rule = s.pressure_rule if s.policy is not Policy.REGISTRY else None
         try:
-            self.ctx.pressure = decode_pressure(raw, f"{self.rt.keys.pressure} field current")
+            key = (self.ctx.slots.keys if self.ctx.slots is not None else self.rt.keys).pressure
+            self.ctx.pressure = decode_pressure(raw, f"{key} field current")
         except StateError as exc:
             self.ctx.pressure = None
             if raw != self._bad_pressure:
@@ -110,10 +111,12 @@ class LeaseRenewer(threading.Thread):
                                exc)
 
     def record_pressure_yield(self, record: PressureYield) -> None:
-        """``last-yield`` and ``yields`` of the pressure hash, in one round trip."""
+        """``last-yield`` and ``yields`` of the pressure hash (a pool run's: its pool's), in
+        one round trip."""
+        key = (self.ctx.slots.keys if self.ctx.slots is not None else self.rt.keys).pressure
         pipe = self.rt.store.client.pipeline(transaction=True)
-        pipe.hset(self.rt.keys.pressure, "last-yield", encode_yield(record))
-        pipe.hincrby(self.rt.keys.pressure, "yields", 1)
+        pipe.hset(key, "last-yield", encode_yield(record))
+        pipe.hincrby(key, "yields", 1)
         pipe.execute()
 
 

@@ -17,12 +17,14 @@ from celery import Celery
 from schedproj import Lane, LaneKind, LaneTask, Pool, PoolError, configure_app
 from schedproj.core.errors import ConfigurationError, LaneDeclarationError
 from schedproj.core.pools import DEFAULT_POOL
+from schedproj.core.pressure import PressureRule, yield_reason
+from schedproj.core.pressure import decode as decode_pressure
 from schedproj.core.records import RunRecord
 from schedproj.on_celery.beat import FairScheduler
 from schedproj.on_celery.config import app_pools, lane_set_for
 from schedproj.settings import Settings
 from schedproj.store.lane_store import LaneStore
-from schedproj.store.lease import HeavyLease
+from schedproj.store.lease import HeavyLease, SlotGroup
 from schedproj.store.protocol import Keys
 from tests.conftest import BROKER_URL, REDIS_URL, make_app, sent
 
@@ -149,7 +151,7 @@ def test_a_quarantine_grants_nothing_in_any_pool(key_prefix: str, gpu_queue: red
     sched.tick()
     assert queued(gpu_queue, "gpu") == [] and sent(gpu_queue, "heavy") == []
     assert [m["task"] for m in sent(gpu_queue, "light")] == []
-    assert redis_client.keys(f"{key_prefix}:pool:*") == []
+    assert redis_client.keys(f"{key_prefix}:pool:*:slot:*") == []  # no slot granted
     deferral = json.loads(redis_client.hget(keys.lanes, "t.gpu-0|sched"))["deferral"]
     assert deferral["reason"] == "state-loss-quarantine"
     sched.close()
@@ -210,3 +212,41 @@ def test_a_pool_lane_is_routed_to_its_pools_queue(key_prefix: str,
     app.tasks["t.heavy"].apply_async()
     assert [m["task"] for m in sent(gpu_queue, "gpu")] == ["t.gpu-0"]
     assert [m["task"] for m in sent(gpu_queue, "heavy")] == ["t.heavy"]
+
+
+def test_a_pools_waiter_presses_on_the_pools_longest_holder_only(
+        key_prefix: str, gpu_queue: redis.Redis, redis_client: redis.Redis) -> None:
+    """Pressure per pool: the waiting gpu lane is published in the pool's pressure hash, on
+    the hold of the pool's longest holder, whose slot renewal reads it and which yields by
+    the rule; the heavy lease's holder hears of no gpu waiter."""
+    keys = Keys(key_prefix)
+    now = time.time()
+    holds = {}
+    for index, (lane, since) in enumerate((("t.gpu-1", now - 20), ("t.gpu-0", now - 5))):
+        redis_client.hset(keys.lanes, f"{lane}|run", json.dumps({
+            "v": 1, "last_run_at": now - 30, "last_task_id": "done-0",
+            "running_task_id": f"run-{lane}", "running_since": since, "fence": 1}))
+        slot = HeavyLease(redis_client, keys.slot("gpu", index))
+        tok = f"tok-{index}"
+        granted = slot.acquire(lane, tok, 30.0, since, task_id=f"run-{lane}")
+        assert granted.granted and slot.start(tok, 30.0, since)[0]
+        holds[lane] = (slot, tok, granted.fence)
+    sched = FairScheduler(app=build(key_prefix, pressure_yield=True))
+    sched.tick()
+    assert queued(gpu_queue, "gpu") == []  # both slots held
+    raw = redis_client.hget(keys.slot("gpu", 0).pressure, "current")
+    published = decode_pressure(raw, "pool pressure")
+    assert published is not None and published.lane == "t.gpu-2"
+    assert published.fence == holds["t.gpu-1"][2]  # the hold that began first
+    # The heavy lease's holder (t.heavy, granted this tick) hears of no gpu waiter.
+    assert decode_pressure(redis_client.hget(keys.pressure, "current"), "lease") is None
+    # The longest holder's renewal carries it, and by the rule it yields now.
+    slot, tok, fence = holds["t.gpu-1"]
+    renewal = SlotGroup(redis_client, keys, "gpu", (0,)).renew(tok, 30.0, time.time(), 3600.0)
+    assert renewal.ok and renewal.pressure == raw
+    rule = PressureRule(target_ratio=1.0, min_hold_s=0.0)
+    assert yield_reason(held_s=20.0, hold_cap_s=None, pressure=published, rule=rule,
+                        now=time.time(), fence=fence) == "pressure"
+    assert yield_reason(held_s=5.0, hold_cap_s=None, pressure=published, rule=rule,
+                        now=time.time(), fence=holds["t.gpu-0"][2]) is None
+    sched.close()

@@ -1,0 +1,80 @@
+"""Pressure-aware yielding per pool: beat publishes, for each pool beyond the default, the
+waiting lane of that pool pressing on the pool's longest holder (``core.pressure.measure`` on
+the pool's lanes alone), in the pool's pressure hash (``Keys.slot(pool, i).pressure``). The
+holders read it in their slot renewals, as the heavy lease's holder reads the lease's; only
+the holder whose fence it names yields. A waiter presses only on the holders of its own pool.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+import redis
+
+from schedproj.core.picker import Policy
+from schedproj.core.pipeline import Decision
+from schedproj.core.pressure import Pressure, changed, measure
+from schedproj.core.pressure import encode as encode_pressure
+from schedproj.core.records import LaneState, LeaseView
+from schedproj.on_celery.runtime import Runtime
+
+logger = logging.getLogger("schedproj.beat")
+
+
+def longest_holder(leases: Sequence[LeaseView | None]) -> LeaseView | None:
+    """The pool's hold that began first (granted, or started, earliest), as its run knows it:
+    with the highest fence among the slots its lane holds (a lane taking k slots runs under
+    the highest of their fences). None when no slot is held by a known lane."""
+    held = [lease for lease in leases if lease is not None and lease.lane]
+    if not held:
+        return None
+    first = min(held, key=lambda lease: (lease.started_at or lease.granted_at, lease.fence))
+    fence = max(lease.fence for lease in held if lease.lane == first.lane)
+    return replace(first, fence=fence)
+
+
+class PoolPressure:
+    """Publishes each pool's pressure when it changed (a tick that changes nothing costs no
+    write); a beat that just took the lock, or Redis that lost state, writes it again."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        #: What this beat last published per pool.
+        self.published: dict[str, Pressure | None] = {}
+        self.failing: set[str] = set()
+
+    def publish(self, decision: Decision, slots: Mapping[str, Sequence[LeaseView | None]],
+                granted: Mapping[str, Sequence[LeaseView]], states: Mapping[str, LaneState],
+                now: float, *, fresh: bool) -> None:
+        """``slots``: each pool's slot leases as read this tick; ``granted``: the slot
+        leases this tick granted (the lanes it deferred press on those holds too)."""
+        if fresh:
+            self.published.clear()
+        legacy = self.rt.settings.policy is Policy.REGISTRY
+        for pool, leases in slots.items():
+            views = {name: view for name, view in decision.views.items()
+                     if view.spec.heavy and view.spec.pool == pool}
+            holder = longest_holder([*leases, *granted.get(pool, ())])
+            pressure = measure(replace(decision, views=views), states, holder, now,
+                               legacy=legacy)
+            if pool in self.published and not changed(self.published[pool], pressure):
+                continue
+            self._write(pool, pressure)
+
+    def _write(self, pool: str, pressure: Pressure | None) -> None:
+        key = self.rt.keys.slot(pool, 0).pressure
+        try:
+            self.rt.store.client.hset(key, "current", encode_pressure(pressure))
+        except redis.ResponseError as exc:
+            if pool not in self.failing:
+                logger.error("cannot publish the pressure on pool %s (%s); delete the key %s",
+                             pool, exc, key)
+            self.failing.add(pool)
+            return
+        self.failing.discard(pool)
+        self.published[pool] = pressure
+
+
+__all__ = ["PoolPressure", "longest_holder"]
