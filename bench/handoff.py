@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -281,15 +282,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.handoff", description=__doc__)
     parser.add_argument("--samples", type=int, default=200, help="hand-offs (and floor "
                         "samples, half before beat starts and half after it stopped)")
+    parser.add_argument("--plain", action="store_true", help="the gap and the floor only, "
+                        "untraced (to compare two versions of the code, run after run)")
     parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args(argv)
     opts = live.LiveOptions(handoff_samples_on=args.samples,
                             handoff_floor_samples=args.samples)
+    load = [round(x, 2) for x in os.getloadavg()]
     with private_redis() as url:
-        result = breakdown_section(url, opts)
+        if args.plain:
+            result = live.handoff(url, opts, wake=True, floor_samples=args.samples)
+        else:
+            result = breakdown_section(url, opts)
+    result["load_average_at_start_and_end"] = [load, [round(x, 2) for x in os.getloadavg()]]
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(result, indent=2) + "\n")
-    sys.stdout.write(report.handoff_breakdown_md(result))
+    sys.stdout.write(report.floor_md(result) if args.plain
+                     else report.handoff_breakdown_md(result))
     return 0
 
 

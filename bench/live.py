@@ -138,8 +138,10 @@ def handoff(url: str, opts: LiveOptions, *, wake: bool, idle_members: int = 0,
         done = heavy_runs(client)
         if probe is not None:
             stop_all([beat])  # the worker finishes its run and goes idle: the floor again
-            wait_for(lambda: not client.exists(Keys(PREFIX).lease), 30, "the lease released")
-            time.sleep(0.2)
+            # A message beat sent before it stopped is fetched and run (a run is 20 ms); a
+            # grant it made and never sent leaves the worker idle too.
+            wait_for(lambda: not client.llen(defaults.HEAVY_QUEUE), 30, "the heavy queue empty")
+            time.sleep(opts.handoff_run_s + 0.5)
             probe.measure(floor_samples - floor_samples // 2)
             probe.close()
     return _handoff_figures(opts, wake, idle_members, done[opts.warmup_runs:wanted],
