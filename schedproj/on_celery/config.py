@@ -411,7 +411,8 @@ def check_lane_worker(app: Celery, worker: Any) -> None:
     """Settings only a worker has, checked where they matter: a worker consuming a lane queue
     must refuse pickle; one consuming ``heavy`` takes one message at a time."""
     queues = consumed_queues(app)
-    lane_queues = sorted(queues & {defaults.HEAVY_QUEUE, defaults.LIGHT_QUEUE})
+    heavy_queues = {defaults.HEAVY_QUEUE, *app_pools(app)}  # the default pool's, each pool's
+    lane_queues = sorted(queues & {*heavy_queues, defaults.LIGHT_QUEUE})
     unsafe = sorted(UNSAFE_CONTENT & set(app.conf.accept_content or ()))
     if lane_queues and unsafe:
         raise ConfigurationError(
@@ -420,13 +421,15 @@ def check_lane_worker(app: Celery, worker: Any) -> None:
             "message runs code on load). Fix: accept_content=['json'] for this worker, or "
             "serve the lane queues from a worker that accepts JSON only")
     multiplier = getattr(worker, "prefetch_multiplier", 1)
-    if defaults.HEAVY_QUEUE in queues and multiplier > 1:
+    served = sorted(queues & heavy_queues)
+    if served and multiplier > 1:
         # Per worker, not app-wide: a heavy worker holding more than one message would keep
-        # the next (a light lane's, when it consumes both) waiting behind a heavy run.
+        # the next (a light lane's, when it consumes both; a pool's other granted slot) waiting
+        # behind a heavy run, its grant lapsing.
         logger.warning("worker_prefetch_multiplier is %s but this worker consumes queue %r, "
                        "whose workers take one message at a time: set to 1 for this worker "
                        "only. Fix: start heavy workers with --prefetch-multiplier 1",
-                       multiplier, defaults.HEAVY_QUEUE)
+                       multiplier, served[0] if len(served) == 1 else served)
         worker.prefetch_multiplier = 1
 
 

@@ -18,9 +18,13 @@ from typing import Any
 
 from celery import signals
 
+from schedproj.core.pools import DEFAULT_POOL
 from schedproj.core.records import LeaseView
+from schedproj.on_celery.config import lane_set_for
 from schedproj.on_celery.expected import log_failure
 from schedproj.on_celery.runtime import runtime_for
+from schedproj.store.lease import HeavyLease
+from schedproj.store.protocol import SlotKeys
 
 logger = logging.getLogger(__name__)
 
@@ -86,16 +90,28 @@ def free_dead_predecessors_lease(sender: Any = None, **kwargs: Any) -> None:
         return
     try:
         rt = runtime_for(app)
-        lease = rt.lease.read()
-        if lease is None or not predecessor_dead(lease, socket.gethostname(),
-                                                 node_identity(node), os.getpid()):
-            return
-        if rt.lease.release(lease.token):
-            logger.warning("freed the heavy lease of lane %s: it was held by process %s of "
-                           "this node (%s), which is gone; its run is recorded lost",
-                           lease.lane, lease.pid, node)
+        leases = [rt.lease] + [
+            HeavyLease(rt.lease.client, rt.keys.slot(pool.name, index))
+            for pool in lane_set_for(app).pools.values() if pool.name != DEFAULT_POOL
+            for index in range(pool.slots)]
+        for held in leases:  # the heavy lease, then each slot of each pool
+            _free_if_dead(held, node)
     except Exception as exc:  # never stop a worker from starting over this
         log_failure(logger, exc, "could not check the heavy lease for a dead predecessor")
+
+
+def _free_if_dead(held: HeavyLease, node: str) -> None:
+    lease = held.read()
+    if lease is None or not predecessor_dead(lease, socket.gethostname(),
+                                             node_identity(node), os.getpid()):
+        return
+    if held.release(lease.token):
+        keys = held.keys
+        what = (f"slot {keys.index} of pool {keys.pool}" if isinstance(keys, SlotKeys)
+                else "the heavy lease")
+        logger.warning("freed %s of lane %s: it was held by process %s of this node (%s), "
+                       "which is gone; its run is recorded lost", what, lease.lane, lease.pid,
+                       node)
 
 
 __all__ = ["free_dead_predecessors_lease", "predecessor_dead", "process_gone"]

@@ -132,9 +132,11 @@ class HeavyLease:
                 beat_token: str = "") -> Grant:
         """Grant the lease to ``lane`` unless held; with ``beat_token`` only for the active
         beat."""
+        # A slot of a pool also bumps the pool's last fence (see lua/lease_acquire.lua).
+        pool_fence = [self.keys.pool_fence] if isinstance(self.keys, SlotKeys) else []
         code, value = self._acquire(
             keys=[self.keys.lease, self.keys.lease_fence, self.keys.beat_lock,
-                  self.keys.counters, self.keys.epoch],
+                  self.keys.counters, self.keys.epoch, *pool_fence],
             args=[token, lane, _ms(ttl_s), repr(now), task_id, beat_token, int(now * 1000),
                   STATE_VERSION, self.grants_field],
         )

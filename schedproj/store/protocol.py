@@ -240,6 +240,12 @@ class SlotKeys(Keys):
         return f"{self.lease}:fence"
 
     @property
+    def pool_fence(self) -> str:
+        """Integer: the last fence granted in the pool, on any slot: each grant's fence is
+        above it, so fences are distinct across the pool's slots (a fence names one hold)."""
+        return f"{self.prefix}:pool:{self.pool}:fence"
+
+    @property
     def lease_request(self) -> str:
         """String (JSON): an operator's request to the slot's holder, with a TTL."""
         return f"{self.lease}:request"

@@ -7,8 +7,13 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import pytest
 import redis
@@ -20,11 +25,12 @@ from schedproj.core.pools import DEFAULT_POOL
 from schedproj.core.pressure import PressureRule, yield_reason
 from schedproj.core.pressure import decode as decode_pressure
 from schedproj.core.records import RunRecord
+from schedproj.on_celery import recovery
 from schedproj.on_celery.beat import FairScheduler
 from schedproj.on_celery.config import app_pools, lane_set_for
 from schedproj.settings import Settings
 from schedproj.store.lane_store import LaneStore
-from schedproj.store.lease import HeavyLease, SlotGroup
+from schedproj.store.lease import HeavyLease, Holder, SlotGroup
 from schedproj.store.protocol import Keys
 from tests.conftest import BROKER_URL, REDIS_URL, make_app, sent
 
@@ -250,3 +256,23 @@ def test_a_pools_waiter_presses_on_the_pools_longest_holder_only(
     assert yield_reason(held_s=5.0, hold_cap_s=None, pressure=published, rule=rule,
                         now=time.time(), fence=holds["t.gpu-0"][2]) is None
     sched.close()
+
+
+def test_a_restarted_worker_frees_its_dead_predecessors_slot(
+        key_prefix: str, redis_client: redis.Redis) -> None:
+    """As for the heavy lease: a worker starting on the node whose previous process died
+    holding a slot frees that slot at once (not one lease TTL later); other slots stay."""
+    app = build(key_prefix)
+    keys = Keys(key_prefix)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    node = recovery.node_identity("gpu1@host")
+    for index, (pid, name) in enumerate(((gone.pid, node), (os.getpid(), node))):
+        slot = HeavyLease(redis_client, keys.slot("gpu", index))
+        assert slot.acquire(f"t.gpu-{index}", f"tok-{index}", 30.0, time.time()).granted
+        assert slot.start(f"tok-{index}", 30.0, time.time(),
+                          holder=Holder(host=socket.gethostname(), pid=pid, node=name))[0]
+    recovery.free_dead_predecessors_lease(sender=SimpleNamespace(app=app,
+                                                                 hostname="gpu1@host"))
+    assert HeavyLease(redis_client, keys.slot("gpu", 0)).read() is None
+    assert HeavyLease(redis_client, keys.slot("gpu", 1)).read() is not None

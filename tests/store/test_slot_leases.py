@@ -142,9 +142,9 @@ def test_a_stale_token_cannot_start_renew_or_release_a_slot(client: redis.Redis,
 
 
 def test_fences_increase_per_slot_and_across_a_pool(client: redis.Redis, keys: Keys) -> None:
-    """Each slot has its own counter, strictly increasing; each fence is at least Redis's
-    clock in ms at its grant, so a later grant in the pool never has a lower fence than an
-    earlier one on another slot (equal only within the same millisecond)."""
+    """Each slot has its own counter, and each fence is at least Redis's clock in ms at its
+    grant and above the last fence of the pool: fences strictly increase across the pool's
+    slots too (grants in the same millisecond included), so a fence names one hold."""
     seen: list[int] = []
     per_slot: dict[int, list[int]] = {0: [], 1: []}
     for round_ in range(3):
@@ -153,14 +153,20 @@ def test_fences_increase_per_slot_and_across_a_pool(client: redis.Redis, keys: K
             lease = slot(client, keys, i)
             grant = lease.acquire(f"lane{round_}", tok, LONG_TTL, time.time())
             assert grant.granted
-            assert not seen or grant.fence >= seen[-1]
+            assert not seen or grant.fence > seen[-1]
             assert not per_slot[i] or grant.fence > per_slot[i][-1]
             seen.append(grant.fence)
             per_slot[i].append(grant.fence)
             assert int(client.get(keys.slot(POOL, i).lease_fence)) == grant.fence
+            assert int(client.get(keys.slot(POOL, i).pool_fence)) == grant.fence
             assert lease.release(tok)
     redis_ms = int(client.time()[0]) * 1000
     assert redis_ms - 5000 <= seen[0] <= redis_ms + 1000
+    # Garbage where the pool's last fence belongs counts as none: grants go on.
+    client.set(keys.slot(POOL, 0).pool_fence, "garbage")
+    tok = token()
+    grant = slot(client, keys, 0).acquire("after", tok, LONG_TTL, time.time())
+    assert grant.granted and grant.fence > per_slot[0][-1]
     # The heavy lease's counter is untouched by slot grants.
     assert client.get(keys.lease_fence) is None
 

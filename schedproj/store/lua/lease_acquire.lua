@@ -1,6 +1,6 @@
 -- Grant the heavy lease if nobody holds it, with a new fencing number.
 -- KEYS[1] lease, KEYS[2] fence counter, KEYS[3] beat lock (guard), KEYS[4] counters hash,
--- KEYS[5] epoch record (see epoch.lua)
+-- KEYS[5] epoch record (see epoch.lua), KEYS[6] (a pool's slot only) the pool's last fence
 -- ARGV[1] token, ARGV[2] lane, ARGV[3] ttl ms, ARGV[4] now (s), ARGV[5] task id,
 -- ARGV[6] beat token ('' = no guard: only for tests and operator tools), ARGV[7] beat's now
 -- (ms; not used: see below),
@@ -56,6 +56,16 @@ if counter then
   previous = tonumber(counter)
 end
 local fence = math.max(previous + 1, server_now)
+-- A slot of a pool beyond the default also passes KEYS[6], the last fence granted in its pool:
+-- fences are then distinct across the pool's slots too (two slots granted in the same
+-- millisecond would otherwise share one), so a fence names one hold of the pool. Anything but
+-- a number there counts as none (the slot's own counter and the clock still bound it).
+if KEYS[6] then
+  local last = tonumber(redis.call('GET', KEYS[6]) or '0') or 0
+  if last ~= last or last >= 2^53 then last = 0 end
+  fence = math.max(fence, last + 1)
+  redis.call('SET', KEYS[6], string.format('%d', fence))
+end
 redis.call('SET', KEYS[2], string.format('%d', fence))
 redis.call('HINCRBY', KEYS[4], ARGV[9], 1)
 local rec = {v = tonumber(ARGV[8]), lane = ARGV[2], token = ARGV[1], fence = fence,
