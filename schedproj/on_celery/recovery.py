@@ -90,14 +90,17 @@ def free_dead_predecessors_lease(sender: Any = None, **kwargs: Any) -> None:
         return
     try:
         rt = runtime_for(app)
-        leases = [rt.lease] + [
-            HeavyLease(rt.lease.client, rt.keys.slot(pool.name, index))
-            for pool in lane_set_for(app).pools.values() if pool.name != DEFAULT_POOL
-            for index in range(pool.slots)]
-        for held in leases:  # the heavy lease, then each slot of each pool
-            _free_if_dead(held, node)
+        _free_if_dead(rt.lease, node)
     except Exception as exc:  # never stop a worker from starting over this
         log_failure(logger, exc, "could not check the heavy lease for a dead predecessor")
+        return
+    try:
+        for pool in lane_set_for(app).pools.values():
+            for index in range(pool.slots if pool.name != DEFAULT_POOL else 0):
+                _free_if_dead(HeavyLease(rt.lease.client, rt.keys.slot(pool.name, index)),
+                              node)
+    except Exception as exc:
+        log_failure(logger, exc, "could not check the pools' slots for a dead predecessor")
 
 
 def _free_if_dead(held: HeavyLease, node: str) -> None:
