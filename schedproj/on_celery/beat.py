@@ -33,6 +33,7 @@ from schedproj.core.errors import BeatLockLost
 from schedproj.core.lanes import queue_for
 from schedproj.core.laneset import LaneSet, registry_json
 from schedproj.core.planner import Plan, TickInput, plan_tick
+from schedproj.core.records import LeaseView
 from schedproj.on_celery.config import no_lanes_message, validate_or_exit, wait_for_redis
 from schedproj.on_celery.dispatch import Dispatcher, LaneEntry, PressurePublisher
 from schedproj.on_celery.due_checks import DueChecks, ErrorReporter
@@ -322,17 +323,24 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         if entries_look is not None:
             next_look = entries_look if next_look is None else min(next_look, entries_look)
         if plan is not None:
-            e.pressure.publish(plan.decision, snap, now, states=plan.states,
-                               partial=skipped > 0, granted=e.dispatcher.granted)
-            if slots:
-                e.pool_pressure.publish(plan.decision, slots, e.dispatcher.granted_slots,
-                                        plan.states, now, fresh=snap.lock.event != "renewed"
-                                        or bool(snap.epoch.cause))
+            self._publish_pressure(plan, snap, slots, partial=skipped > 0, now=now)
         e.families.sync(now)
         e.lanes.keep_only(e.memory.states)
         interval = self._wait(plan, next_look, now)
         self._refusal_said = ""
         return interval
+
+    def _publish_pressure(self, plan: Plan, snap: Snapshot,
+                          slots: dict[str, list[LeaseView | None]], *, partial: bool,
+                          now: float) -> None:
+        """The pressure on the heavy lease, and on each pool's longest holder."""
+        e = self.engine
+        e.pressure.publish(plan.decision, snap, now, states=plan.states, partial=partial,
+                           granted=e.dispatcher.granted)
+        if slots:
+            e.pool_pressure.publish(plan.decision, slots, e.dispatcher.granted_slots,
+                                    plan.states, now, fresh=snap.lock.event != "renewed"
+                                    or bool(snap.epoch.cause))
 
     def _nothing_to_plan(self, snap: Snapshot, states: dict[str, Any], now: float) -> bool:
         """Would planning this tick decide, write, send and publish nothing? True when the
