@@ -7,7 +7,11 @@ was last sent, how often) lives in Redis; the active beat claims a due time by a
 on that state under the beat lock before it sends, so two beats, a restarted beat or a beat
 that lost its lock can never send one due time twice, and a beat that takes over measures from
 the same state and never skips one. When an entry is due is the schedule's own answer
-(Celery's ``is_due``), given the last run; this module decides what a tick does with it.
+(Celery's ``is_due``), given the last run — except for an entry on a calendar (a ``crontab``, a
+one-off instant): that one is judged by :mod:`schedproj.core.schedules`' rules, as a calendar
+lane is (DST by cron's rules, missed fire times coalesced into one run, a catch-up window past
+which a fire time is recorded as missed and skipped; :class:`CalendarTiming`). This module
+decides what a tick does with it.
 """
 
 from __future__ import annotations
@@ -15,11 +19,19 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol, TypeGuard
 
 from schedproj.core import codec
+from schedproj.core.calendar import CalendarError
 from schedproj.core.errors import StateError
+from schedproj.core.schedules import (
+    CronFireTimes,
+    FireTimes,
+    OneOffFireTimes,
+    calendar_due_at,
+    missed_fires,
+)
 
 #: Format version of an entry's state (a field of ``<prefix>:entries``).
 ENTRY_STATE_VERSION = 1
@@ -56,31 +68,104 @@ class EntryState:
     total_run_count: int = 0
     #: Which schedule the state measures from: a changed schedule starts afresh.
     schedule_key: str = ""
+    #: A calendar entry's latest fire time skipped for its catch-up window (None: none), so
+    #: each missed fire time is counted once.
+    missed_through: float | None = None
+    #: How many fire times it skipped so, in all.
+    missed: int = 0
 
     def encode(self) -> str:
-        return codec.dumps({"last_run_at": self.last_run_at,
-                            "total_run_count": self.total_run_count,
-                            "schedule_key": self.schedule_key}, ENTRY_STATE_VERSION)
+        payload: dict[str, Any] = {"last_run_at": self.last_run_at,
+                                   "total_run_count": self.total_run_count,
+                                   "schedule_key": self.schedule_key}
+        if self.missed_through is not None:   # only calendar entries that missed carry these
+            payload.update(missed_through=self.missed_through, missed=self.missed)
+        return codec.dumps(payload, ENTRY_STATE_VERSION)
 
     @classmethod
     def decode(cls, raw: str, where: str) -> EntryState:
         data = codec.loads(raw, where, ENTRY_STATE_VERSION)
         last, count, key = (data.get("last_run_at"), data.get("total_run_count", 0),
                             data.get("schedule_key", ""))
-        if not isinstance(last, (int, float)) or isinstance(last, bool) or last < 0:
+        through, missed = data.get("missed_through"), data.get("missed", 0)
+        if not _is_time(last):
             raise StateError(where, f"last_run_at must be a time in epoch seconds, not {last!r}")
         if not isinstance(count, int) or isinstance(count, bool) or count < 0:
             raise StateError(where, f"total_run_count must be a count, not {count!r}")
         if not isinstance(key, str):
             raise StateError(where, f"schedule_key must be a string, not {key!r}")
-        return cls(last_run_at=float(last), total_run_count=count, schedule_key=key)
+        if through is not None and not _is_time(through):
+            raise StateError(where, f"missed_through must be a time or null, not {through!r}")
+        if not isinstance(missed, int) or isinstance(missed, bool) or missed < 0:
+            raise StateError(where, f"missed must be a count, not {missed!r}")
+        return cls(last_run_at=float(last), total_run_count=count, schedule_key=key,
+                   missed_through=None if through is None else float(through), missed=missed)
+
+
+def _is_time(value: Any) -> TypeGuard[float]:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A calendar entry judged at an instant: sent now or not, when to look again (seconds),
+    and the fire times it newly missed (``(latest, how many)``, or None)."""
+
+    due: bool
+    next_s: float
+    missed: tuple[float, int] | None = None
+
+
+@dataclass(frozen=True)
+class CalendarTiming:
+    """An entry on a calendar — a Celery ``crontab`` in its time zone, or a one-off instant —
+    judged by the rules calendar lanes follow (:mod:`schedproj.core.schedules`), at the tick's
+    ``now``: due once a fire time has passed since its last run; however many passed while
+    nothing ran, one run (coalesced); with ``catchup_window_s`` (Celery's
+    ``beat_cron_starting_deadline`` for a crontab entry, or the entry's own), a fire time not
+    started within that many seconds is skipped and counted as missed, and the entry waits
+    for its next fire time."""
+
+    times: FireTimes
+    catchup_window_s: float | None = None
+
+    def counts_from(self, now: float) -> float:
+        """Where a new entry's state starts. Celery's rule, a new entry counts from now (it is
+        not sent for being new), holds for a crontab; a one-off instant was asked for before
+        it came, so it counts from just before its instant and runs even if beat first reads
+        it late (within its catch-up window, if it has one)."""
+        if isinstance(self.times, OneOffFireTimes):
+            return min(now, math.nextafter(self.times.at, -math.inf))
+        return now
+
+    def judge(self, state: EntryState, now: float) -> Verdict:
+        window = self.catchup_window_s
+        missed = missed_fires(self.times, state.last_run_at, state.missed_through, now, window)
+        due_at = calendar_due_at(self.times, state.last_run_at, now, window)
+        if due_at <= now:
+            # After a run now, the next look is the first fire time after now.
+            return Verdict(True, self.times.next_fire(now) - now, missed)
+        return Verdict(False, due_at - now, missed)
+
+    def check(self, last_run_at: float, now: float) -> tuple[bool, float]:
+        """:class:`Timing`'s answer, at ``now``."""
+        verdict = self.judge(EntryState(last_run_at), now)
+        return verdict.due, verdict.next_s
 
 
 class Timing(Protocol):
     """An entry's schedule, asked at the tick's time: is it due, given its last run, and in how
-    many seconds should beat look again (after a run, if due)."""
+    many seconds should beat look again (after a run, if due). A timing on a calendar also has
+    a ``calendar`` attribute (a :class:`CalendarTiming`, or None): :func:`plan_entries` then
+    judges it by the calendar rules at the tick's ``now`` instead of asking ``check``."""
 
     def check(self, last_run_at: float) -> tuple[bool, float]: ...
+
+
+def calendar_of(timing: Timing) -> CalendarTiming | None:
+    """The timing's calendar, if it is on one (see :class:`Timing`)."""
+    found = getattr(timing, "calendar", None)
+    return found if isinstance(found, CalendarTiming) else None
 
 
 @dataclass(frozen=True)
@@ -114,6 +199,12 @@ class EntryPlan:
     #: schedule): what beat remembers of the entries it did not change, without a second
     #: decoding.
     judged: Mapping[str, EntryState] = field(default_factory=dict)
+    #: Calendar entries not sent whose state records newly missed fire times: compared and set
+    #: like a claim, sent nothing.
+    records: tuple[EntryClaim, ...] = ()
+    #: Entry -> the fire times it newly missed in this plan, ``(latest, how many)`` (in its
+    #: claim's or record's state): counted and logged once the write lands.
+    missed: Mapping[str, tuple[float, int]] = field(default_factory=dict)
 
 
 def plan_entries(looked: Iterable[str], raw_states: Mapping[str, str | None],
@@ -124,9 +215,10 @@ def plan_entries(looked: Iterable[str], raw_states: Mapping[str, str | None],
 
     ``raw_states`` holds each entry's stored state as read (None: none stored); the claims
     carry it back for the compare-and-set. An entry with no usable state, or one measured
-    from another schedule, starts from ``now`` (sent only if due at once, or forced). A paused
-    entry is never sent. Next looks are capped at ``max_look_s`` from now (see
-    :data:`RECHECK_S`).
+    from another schedule, starts from ``now`` (sent only if due at once, or forced; a one-off
+    instant starts from just before its instant, :meth:`CalendarTiming.counts_from`). A paused
+    entry is never sent. A calendar entry's newly missed fire times are recorded in its state.
+    Next looks are capped at ``max_look_s`` from now (see :data:`RECHECK_S`).
     """
     plan = _PlanBuilder(now, max_look_s)
     for name in dict.fromkeys(looked):
@@ -136,34 +228,56 @@ def plan_entries(looked: Iterable[str], raw_states: Mapping[str, str | None],
             if raw is not None:
                 plan.removed.append(name)
             continue
-        key = schedule_keys.get(name, "")
-        state = _usable_state(name, raw, key, where, plan.errors)
-        fresh = state is None
-        if state is not None:
-            plan.judged[name] = state
-        judged = state or EntryState(last_run_at=now, schedule_key=key)
-        if name in paused:
-            plan.wait(name, raw, judged, fresh, PAUSED_LOOK_S)
-            continue
-        try:
-            due, next_s = timing.check(judged.last_run_at)
-            next_s = float(next_s) if math.isfinite(float(next_s)) else max_look_s
-        except Exception as exc:  # a user's schedule: whatever it raises is its error
-            plan.errors[name] = f"schedule of entry {name!r} raised {type(exc).__name__}: {exc}"
-            plan.wait(name, raw, judged, fresh, BROKEN_LOOK_S)
-            continue
-        if due or name in forced:
-            sent = EntryState(last_run_at=now, total_run_count=judged.total_run_count + 1,
-                              schedule_key=key)
-            if not due:
-                next_s = _after_forced_run(timing, now, next_s)
-            # Compared against what Redis holds (``raw``), whether or not it was usable.
-            plan.claims.append(EntryClaim(name, raw, sent, plan.look_in(next_s),
-                                          forced=not due))
-        else:
-            plan.wait(name, raw, judged, fresh, next_s)
+        _plan_one(plan, name, raw, timing, schedule_keys.get(name, ""), where,
+                  paused=name in paused, forced=name in forced)
     return EntryPlan(claims=tuple(plan.claims), looks=plan.looks, starts=tuple(plan.starts),
-                     removed=tuple(plan.removed), errors=plan.errors, judged=plan.judged)
+                     removed=tuple(plan.removed), errors=plan.errors, judged=plan.judged,
+                     records=tuple(plan.records), missed=plan.missed)
+
+
+def _plan_one(plan: _PlanBuilder, name: str, raw: str | None, timing: Timing, key: str,
+              where: str, *, paused: bool, forced: bool) -> None:
+    now = plan.now
+    state = _usable_state(name, raw, key, where, plan.errors)
+    fresh = state is None
+    if state is not None:
+        plan.judged[name] = state
+    judged = state or EntryState(now, schedule_key=key)
+    try:
+        calendar = calendar_of(timing)   # a calendar the entry names wrongly raises here
+        if calendar is not None and fresh:
+            judged = replace(judged, last_run_at=calendar.counts_from(now))
+        if paused:
+            plan.wait(name, raw, judged, fresh, PAUSED_LOOK_S)
+            return
+        verdict = _judge(timing, calendar, judged, now, plan.max_look_s)
+    except Exception as exc:  # a user's schedule: whatever it raises is its error
+        plan.errors[name] = f"schedule of entry {name!r} raised {type(exc).__name__}: {exc}"
+        plan.wait(name, raw, judged, fresh, BROKEN_LOOK_S)
+        return
+    if verdict.missed is not None:
+        through, count = verdict.missed
+        judged = replace(judged, missed_through=through, missed=judged.missed + count)
+        plan.missed[name] = verdict.missed
+    if verdict.due or forced:
+        sent = replace(judged, last_run_at=now, total_run_count=judged.total_run_count + 1)
+        next_s = verdict.next_s if verdict.due else _after_forced_run(
+            timing, calendar, now, verdict.next_s)
+        # Compared against what Redis holds (``raw``), whether or not it was usable.
+        plan.claims.append(EntryClaim(name, raw, sent, plan.look_in(next_s),
+                                      forced=not verdict.due))
+    else:
+        plan.wait(name, raw, judged, fresh, verdict.next_s, changed=verdict.missed is not None)
+
+
+def _judge(timing: Timing, calendar: CalendarTiming | None, state: EntryState, now: float,
+           max_look_s: float) -> Verdict:
+    if calendar is not None:
+        verdict = calendar.judge(state, now)
+    else:
+        due, next_s = timing.check(state.last_run_at)
+        verdict = Verdict(bool(due), float(next_s))
+    return verdict if math.isfinite(verdict.next_s) else replace(verdict, next_s=max_look_s)
 
 
 class _PlanBuilder:
@@ -171,20 +285,25 @@ class _PlanBuilder:
         self.now, self.max_look_s = now, max_look_s
         self.claims: list[EntryClaim] = []
         self.starts: list[EntryClaim] = []
+        self.records: list[EntryClaim] = []
         self.looks: dict[str, float] = {}
         self.removed: list[str] = []
         self.errors: dict[str, str] = {}
         self.judged: dict[str, EntryState] = {}
+        self.missed: dict[str, tuple[float, int]] = {}
 
     def look_in(self, seconds: float) -> float:
         return self.now + min(max(seconds, MIN_LOOK_S), self.max_look_s)
 
     def wait(self, name: str, raw: str | None, state: EntryState, fresh: bool,
-             seconds: float) -> None:
-        """Not sent now: a fresh state is written (compared and set) with its next look; a
-        stored one only has its next look moved."""
+             seconds: float, *, changed: bool = False) -> None:
+        """Not sent now: a fresh state is written (compared and set) with its next look, as is
+        a ``changed`` one (missed fire times recorded); a stored one only has its next look
+        moved."""
         if fresh:
             self.starts.append(EntryClaim(name, raw, state, self.look_in(seconds)))
+        elif changed:
+            self.records.append(EntryClaim(name, raw, state, self.look_in(seconds)))
         else:
             self.looks[name] = self.look_in(seconds)
 
@@ -205,11 +324,15 @@ def _usable_state(name: str, raw: str | None, key: str, where: str,
     return state if state.schedule_key == key else None
 
 
-def _after_forced_run(timing: Timing, now: float, fallback: float) -> float:
+def _after_forced_run(timing: Timing, calendar: CalendarTiming | None, now: float,
+                      fallback: float) -> float:
     """A forced run counts as a run (Celery's ``last_run_at`` moves): look again when the
     schedule says, measured from it."""
     try:
-        _, next_s = timing.check(now)
+        if calendar is not None:
+            next_s = calendar.judge(EntryState(now), now).next_s
+        else:
+            _, next_s = timing.check(now)
         return float(next_s) if math.isfinite(float(next_s)) else fallback
     except Exception:
         return fallback
@@ -218,7 +341,9 @@ def _after_forced_run(timing: Timing, now: float, fallback: float) -> float:
 @dataclass(frozen=True)
 class EntryDefinition:
     """A runtime entry as stored (``<prefix>:entries:defs``): a task sent every ``every_s``
-    seconds or on a five-field ``cron`` expression, with its arguments and message options."""
+    seconds, on a five-field ``cron`` expression (in ``timezone``, default the app's), or once
+    at the instant ``at`` (epoch seconds), with its arguments and message options. A cron or
+    one-off entry may have a ``catchup_window_s`` (:class:`CalendarTiming`)."""
 
     task: str
     every_s: float | None = None
@@ -226,42 +351,97 @@ class EntryDefinition:
     args: tuple[Any, ...] = ()
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     options: Mapping[str, Any] = field(default_factory=dict)
+    at: float | None = None
+    timezone: str | None = None
+    catchup_window_s: float | None = None
 
     def encode(self) -> str:
-        return codec.dumps({"task": self.task, "every_s": self.every_s, "cron": self.cron,
-                            "args": list(self.args), "kwargs": dict(self.kwargs),
-                            "options": dict(self.options)}, ENTRY_DEF_VERSION, sort_keys=True)
+        payload: dict[str, Any] = {"task": self.task, "every_s": self.every_s,
+                                   "cron": self.cron, "args": list(self.args),
+                                   "kwargs": dict(self.kwargs), "options": dict(self.options)}
+        # The calendar fields only when set: a definition without them reads as before.
+        for name in ("at", "timezone", "catchup_window_s"):
+            if getattr(self, name) is not None:
+                payload[name] = getattr(self, name)
+        return codec.dumps(payload, ENTRY_DEF_VERSION, sort_keys=True)
 
     @classmethod
     def decode(cls, raw: str, where: str) -> EntryDefinition:
         data = codec.loads(raw, where, ENTRY_DEF_VERSION)
         try:
             return cls.build(task=data.get("task"), every_s=data.get("every_s"),
-                             cron=data.get("cron"), args=data.get("args", []),
-                             kwargs=data.get("kwargs", {}), options=data.get("options", {}))
+                             cron=data.get("cron"), at=data.get("at"),
+                             timezone=data.get("timezone"),
+                             catchup_window_s=data.get("catchup_window_s"),
+                             args=data.get("args", []), kwargs=data.get("kwargs", {}),
+                             options=data.get("options", {}))
         except ValueError as exc:
             raise StateError(where, str(exc)) from None
 
     @classmethod
-    def build(cls, *, task: Any, every_s: Any = None, cron: Any = None, args: Any = (),
+    def build(cls, *, task: Any, every_s: Any = None, cron: Any = None, at: Any = None,
+              timezone: Any = None, catchup_window_s: Any = None, args: Any = (),
               kwargs: Any = None, options: Any = None) -> EntryDefinition:
         """A checked definition; ValueError saying what is wrong and what to write instead."""
         if not isinstance(task, str) or not task.strip():
             raise ValueError("the task must be a task name, e.g. 'shop.tasks.cleanup'")
-        if (every_s is None) == (cron is None):
-            raise ValueError("give exactly one schedule: every=SECONDS or cron='M H DoM Mon DoW'")
+        if sum(x is not None for x in (every_s, cron, at)) != 1:
+            raise ValueError("give exactly one schedule: every=SECONDS, cron='M H DoM Mon DoW' "
+                             "or at=INSTANT")
         if every_s is not None:
-            if isinstance(every_s, bool) or not isinstance(every_s, (int, float)) \
-                    or not math.isfinite(every_s) or every_s <= 0:
-                raise ValueError(f"every must be a positive number of seconds, not {every_s!r}")
-            every_s = float(every_s)
+            every_s = _positive_seconds("every", every_s)
+            if timezone is not None or catchup_window_s is not None:
+                raise ValueError("timezone and catchup_window_s apply to a cron or one-off "
+                                 "entry, not to every=SECONDS")
         if cron is not None:
-            if not isinstance(cron, str) or len(cron.split()) != 5:
-                raise ValueError(f"cron must have five fields 'minute hour day-of-month month "
-                                 f"day-of-week', e.g. '0 3 * * *', not {cron!r}")
-            cron = " ".join(cron.split())
-        return cls(task=task.strip(), every_s=every_s, cron=cron,
-                   **_checked_payload(args, kwargs, options))
+            cron = _checked_cron(cron, timezone)
+        elif timezone is not None:
+            raise ValueError("timezone applies to a cron entry (a one-off instant carries its "
+                             "own offset)")
+        if at is not None:
+            at = _instant(at)
+        if catchup_window_s is not None:
+            catchup_window_s = _positive_seconds("catchup_window_s", catchup_window_s)
+        return cls(task=task.strip(), every_s=every_s, cron=cron, at=at, timezone=timezone,
+                   catchup_window_s=catchup_window_s, **_checked_payload(args, kwargs, options))
+
+    def calendar(self, default_zone: str) -> CalendarTiming | None:
+        """The calendar a cron or one-off definition runs on (None for ``every``)."""
+        if self.cron is not None:
+            return CalendarTiming(CronFireTimes(self.cron, self.timezone or default_zone),
+                                  self.catchup_window_s)
+        if self.at is not None:
+            return CalendarTiming(OneOffFireTimes(self.at), self.catchup_window_s)
+        return None
+
+
+def _positive_seconds(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
+    return float(value)
+
+
+def _instant(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or value < 0:
+        raise ValueError(f"at must be an instant in epoch seconds, not {value!r}")
+    return float(value)
+
+
+def _checked_cron(cron: Any, timezone: Any) -> str:
+    if not isinstance(cron, str) or len(cron.split()) != 5:
+        raise ValueError(f"cron must have five fields 'minute hour day-of-month month "
+                         f"day-of-week', e.g. '0 3 * * *', not {cron!r}")
+    spelled = " ".join(cron.split())
+    if timezone is not None:
+        if not isinstance(timezone, str):
+            raise ValueError(f"timezone must be an IANA zone name, not {timezone!r}")
+        try:
+            CronFireTimes(spelled, timezone)
+        except CalendarError as exc:
+            raise ValueError(str(exc)) from None
+    return spelled
 
 
 def _checked_payload(args: Any, kwargs: Any, options: Any) -> dict[str, Any]:
@@ -297,11 +477,14 @@ __all__ = [
     "PAUSED_LOOK_S",
     "RECHECK_S",
     "RUNTIME_OPTIONS",
+    "CalendarTiming",
     "EntryClaim",
     "EntryDefinition",
     "EntryPlan",
     "EntryState",
     "Timing",
+    "Verdict",
+    "calendar_of",
     "check_entry_name",
     "plan_entries",
 ]

@@ -4,8 +4,16 @@ at most once per due time (:mod:`schedproj.core.entries` decides; this module re
 under the beat lock, sends through Celery's ``apply_entry``, and keeps the due index).
 
 Every schedule type Celery accepts works: a number of seconds, a ``timedelta``, ``schedule``
-(``relative`` included), ``crontab``, ``solar`` and any ``BaseSchedule`` subclass, through its
-own ``is_due``, in the app's time zone, as Celery's beat evaluates it.
+(``relative`` included), ``solar`` and any ``BaseSchedule`` subclass, through its own
+``is_due``, in the app's time zone, as Celery's beat evaluates it. A ``crontab`` (the class
+itself; a subclass keeps its own ``is_due``) and a runtime entry's one-off instant
+(:class:`OneOffSchedule`) are judged instead by the calendar rules calendar lanes follow
+(:class:`schedproj.core.entries.CalendarTiming`): cron's DST rules, in the entry's time zone
+(the app's ``timezone``/``enable_utc``, or ``options={"schedproj": {"timezone": ...}}``),
+missed fire times coalesced into one run, and a catch-up window (the entry's
+``catchup_window_s``, else Celery's ``beat_cron_starting_deadline`` for a crontab) past which a
+fire time is skipped and recorded as missed. Fire times are computed only for the entries a
+tick looks at (those the due index says are due), never for every entry per tick.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ from array import array
 from bisect import bisect_left
 from collections import ChainMap
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableSequence
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Any
 
@@ -27,7 +35,9 @@ import redis
 from celery.beat import ScheduleEntry
 from celery.schedules import BaseSchedule, crontab, maybe_schedule, schedule
 
+from schedproj.core.calendar import CalendarError, CronSchedule
 from schedproj.core.entries import (
+    CalendarTiming,
     EntryClaim,
     EntryDefinition,
     EntryPlan,
@@ -35,7 +45,9 @@ from schedproj.core.entries import (
     check_entry_name,
     plan_entries,
 )
-from schedproj.core.errors import BeatLockLost, StateError
+from schedproj.core.errors import BeatLockLost, ConfigurationError, StateError
+from schedproj.core.schedules import CronFireTimes, fire_times
+from schedproj.on_celery.calendars import app_timezone
 from schedproj.store.entry_store import EntryStore, WriteResult
 from schedproj.store.protocol import Keys
 
@@ -47,6 +59,70 @@ BACKEND_CLEANUP = "celery.backend_cleanup"
 TICK_BUDGET_S = 0.5
 #: A send that failed is tried again this soon (seconds): its due time stays due.
 RESEND_AFTER_S = 1.0
+#: The key of a ``beat_schedule`` entry's ``options`` that holds what schedproj reads of it
+#: (``timezone``, ``catchup_window_s``); it is not sent with the message.
+OWN_OPTIONS = "schedproj"
+#: The settings :data:`OWN_OPTIONS` may hold.
+OWN_OPTION_NAMES = frozenset({"timezone", "catchup_window_s"})
+#: Cron fire times kept per (crontab, zone): entries share a few schedules, and a tick that
+#: judges thousands of midnight entries parses each schedule once. Bounded: cleared when full.
+_CRON_CACHE_MAX = 4096
+_cron_cache: dict[tuple[str, str], CronFireTimes] = {}
+
+
+class OneOffSchedule(BaseSchedule):  # type: ignore[misc]
+    """A runtime entry's one-off instant (``schedproj entry add --at``), as a Celery schedule:
+    due once its instant has passed, never again after a run at or after it (like
+    django-celery-beat's clocked schedule). Beat judges it by its calendar
+    (:class:`schedproj.core.schedules.OneOffFireTimes`); ``is_due`` answers the same for
+    whoever asks Celery's way."""
+
+    def __init__(self, at: float, app: Any = None) -> None:
+        super().__init__(app=app)
+        self.at = float(at)
+
+    def remaining_estimate(self, last_run_at: datetime) -> timedelta:
+        return timedelta(seconds=self.at - time.time())
+
+    def is_due(self, last_run_at: datetime) -> tuple[bool, float]:
+        if last_run_at.timestamp() >= self.at:   # spent: never due again
+            return False, 3600.0
+        left = self.at - time.time()
+        return (False, left) if left > 0 else (True, 3600.0)
+
+    def __repr__(self) -> str:
+        return f"<at {datetime.fromtimestamp(self.at, UTC).isoformat()}>"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return self.__class__, (self.at,)
+
+
+def cron_fire_times(sched: crontab, key: str, zone: str) -> CronFireTimes:
+    """A crontab's fire times in ``zone`` (its fields read by :mod:`schedproj.core.calendar`;
+    ``key`` is its :func:`schedule_key`), from the cache when another entry had them."""
+    found = _cron_cache.get((key, zone))
+    if found is None:
+        times = fire_times(sched, zone)
+        assert isinstance(times, CronFireTimes)
+        if len(_cron_cache) >= _CRON_CACHE_MAX:
+            _cron_cache.clear()
+            _field_values.clear()
+        found = _cron_cache[(key, zone)] = CronFireTimes(_shared_fields(times.schedule), zone)
+    return found
+
+
+#: Each distinct set of field values, once: most crontabs share their day, month and weekday
+#: fields ("*"), which are most of a parsed schedule's size (1,320 distinct crontabs held
+#: 4.8 MiB parsed one by one, 1.1 MiB sharing them).
+_field_values: dict[frozenset[int], frozenset[int]] = {}
+
+
+def _shared_fields(s: CronSchedule) -> CronSchedule:
+    def shared(values: frozenset[int]) -> frozenset[int]:
+        return _field_values.setdefault(values, values)
+
+    return CronSchedule(shared(s.minutes), shared(s.hours), shared(s.days_of_month),
+                        shared(s.months), shared(s.days_of_week), text=s.text)
 
 
 class EntrySend(ScheduleEntry):  # type: ignore[misc]
@@ -83,13 +159,22 @@ class LoadedEntry:
     while beat runs; a ``beat_schedule`` entry's is made when a tick needs it
     (:class:`CodeEntries`)."""
 
-    __slots__ = ("_key", "args", "copy_for", "kwargs", "last_run_at", "name", "options",
-                 "raw", "runs", "schedule", "source", "task", "tz")
+    __slots__ = ("_calendar", "_key", "args", "copy_for", "deadline", "kwargs", "last_run_at",
+                 "name", "options", "own", "raw", "runs", "schedule", "source", "task", "tz",
+                 "zone")
 
     def __init__(self, name: str, task: str, sched: BaseSchedule, *, args: Any = (),
                  kwargs: Any = None, options: Any = None, source: str, tz: Any,
-                 raw: str = "", app: Any = None) -> None:
+                 raw: str = "", app: Any = None, zone: str = "UTC",
+                 deadline: float | None = None, own: Any = None,
+                 calendar: CalendarTiming | None = None) -> None:
         self.name, self.task, self.schedule, self.source = name, task, sched, source
+        #: The zone its crontab fires in by default (the app's), and Celery's
+        #: ``beat_cron_starting_deadline`` (seconds, or None).
+        self.zone, self.deadline = zone, deadline
+        #: What the entry's ``options`` hold under :data:`OWN_OPTIONS` (None: nothing).
+        self.own = own
+        self._calendar = calendar
         #: Set (the app) when ``sched`` is the app's own object: ``is_due`` is asked of an
         #: equal one made for the check (:func:`judged_copy`).
         self.copy_for = app
@@ -104,6 +189,20 @@ class LoadedEntry:
         self.runs = 0
 
     @property
+    def calendar(self) -> CalendarTiming | None:
+        """The calendar it is judged by (:class:`CalendarTiming`): a ``crontab`` in its zone
+        with its catch-up window, a one-off instant; None for every other schedule, asked
+        ``is_due``. CalendarError when its own options name a zone or window wrongly."""
+        if self._calendar is None and type(self.schedule) is crontab:
+            zone, window = self.zone, self.deadline
+            if self.own is not None:
+                zone, own_window = own_settings(self.own, zone)
+                window = own_window if own_window is not None else window
+            self._calendar = CalendarTiming(
+                cron_fire_times(self.schedule, self.schedule_key, zone), window)
+        return self._calendar
+
+    @property
     def schedule_key(self) -> str:
         """:func:`schedule_key` of its schedule, made when first asked (a ``repr``)."""
         if self._key is None:
@@ -111,6 +210,9 @@ class LoadedEntry:
         return self._key
 
     def check(self, last_run_at: float) -> tuple[bool, float]:
+        calendar = self.calendar
+        if calendar is not None:   # beat judges it at the tick's time (plan_entries); here, now
+            return calendar.check(last_run_at, time.time())
         sched = (self.schedule if self.copy_for is None
                  else judged_copy(self.schedule, self.copy_for))
         due, next_s = sched.is_due(datetime.fromtimestamp(last_run_at, tz=self.tz))
@@ -127,6 +229,24 @@ class LoadedEntry:
     def info(self) -> str:
         return json.dumps({"task": self.task, "schedule": self.schedule_key,
                            "source": self.source}, separators=(",", ":"))
+
+
+def own_settings(own: Any, zone: str) -> tuple[str, float | None]:
+    """The zone and catch-up window an entry's ``options={"schedproj": {...}}`` sets (``zone``
+    and None where it sets none); CalendarError naming the fix for anything else."""
+    fix = ('write options={"schedproj": {"timezone": "Europe/Berlin", "catchup_window_s": 600}}'
+           " (either key may be left out)")
+    if not isinstance(own, Mapping) or not set(own) <= OWN_OPTION_NAMES:
+        raise CalendarError(f"options[{OWN_OPTIONS!r}] = {own!r} is not what schedproj reads",
+                            fix)
+    zone, window = own.get("timezone", zone), own.get("catchup_window_s")
+    if not isinstance(zone, str):
+        raise CalendarError(f"timezone {zone!r} is not an IANA zone name", fix)
+    if window is not None and (isinstance(window, bool) or not isinstance(window, (int, float))
+                               or not window > 0):
+        raise CalendarError(f"catchup_window_s {window!r} is not a positive number of seconds",
+                            fix)
+    return zone, None if window is None else float(window)
 
 
 def schedule_key(sched: BaseSchedule) -> str:
@@ -183,6 +303,9 @@ class CodeEntries(Mapping[str, LoadedEntry]):
     def __init__(self, app: Any, specs: Mapping[str, Mapping[str, Any]],
                  names: Iterable[str]) -> None:
         self.app, self.tz = app, app.timezone
+        #: The zone crontab entries fire in unless they name their own, and Celery's catch-up
+        #: window for them.
+        self.zone, self.deadline = app_timezone(app.conf), cron_deadline(app.conf)
         self._specs = specs
         #: The names, sorted (the strings are the app's own keys): a name's position is its
         #: entry's number, found by bisection (a dict of numbers would cost 50 bytes each).
@@ -210,9 +333,13 @@ class CodeEntries(Mapping[str, LoadedEntry]):
         # become ``schedule``, ``relative`` honoured; a schedule object is used as it is.
         raw = spec.get("schedule")
         sched = maybe_schedule(raw, spec.get("relative", False), app=self.app)
+        options, own = spec.get("options"), None
+        if options and OWN_OPTIONS in options:   # schedproj's own, not the message's
+            own = options[OWN_OPTIONS]
+            options = {k: v for k, v in options.items() if k != OWN_OPTIONS}
         entry = LoadedEntry(name, spec.get("task"), sched, args=spec.get("args", ()),
-                            kwargs=spec.get("kwargs"), options=spec.get("options"),
-                            source="code", tz=self.tz,
+                            kwargs=spec.get("kwargs"), options=options, source="code",
+                            tz=self.tz, zone=self.zone, deadline=self.deadline, own=own,
                             # One made from a number here is this tick's already.
                             app=self.app if sched is raw else None)
         if self._last_run_at[i] != _NOTHING:
@@ -256,6 +383,18 @@ class CodeEntries(Mapping[str, LoadedEntry]):
                                            app=self.app))
 
 
+def cron_deadline(conf: Any) -> float | None:
+    """Celery's ``beat_cron_starting_deadline`` (seconds; None when unset): the catch-up window
+    of the app's crontab entries. ConfigurationError when it is not a number of seconds."""
+    value = conf.get("beat_cron_starting_deadline") if hasattr(conf, "get") else None
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ConfigurationError(f"beat_cron_starting_deadline = {value!r}: set it to a number "
+                                 "of seconds (or None for no deadline)")
+    return float(value)
+
+
 def beat_schedule_table(app: Any) -> CodeEntries:
     """The app's ``beat_schedule`` as beat holds it (:class:`CodeEntries`), plus the
     result-cleanup entry Celery's beat adds itself (``Scheduler.install_default_entries``) —
@@ -295,6 +434,8 @@ def schedule_of(definition: EntryDefinition, app: Any) -> BaseSchedule:
             raise ValueError(f"cron {definition.cron!r} is not a valid crontab ({exc}); "
                              "fields are minute hour day-of-month month day-of-week, "
                              "e.g. '0 3 * * *'") from None
+    if definition.at is not None:
+        return OneOffSchedule(definition.at, app=app)
     assert definition.every_s is not None
     return schedule(definition.every_s, app=app)
 
@@ -305,12 +446,17 @@ def runtime_entry(name: str, raw: str, app: Any, where: str) -> LoadedEntry:
     try:
         check_entry_name(name)
         sched = schedule_of(definition, app)
-    except ValueError as exc:
+        zone = app_timezone(app.conf)
+        calendar = definition.calendar(zone)
+        if calendar is not None and definition.cron is not None \
+                and definition.catchup_window_s is None:
+            calendar = CalendarTiming(calendar.times, cron_deadline(app.conf))
+    except (ValueError, ConfigurationError) as exc:
         raise StateError(where, str(exc)) from None
     sched.app = app  # crontab.from_string builds an app-less schedule: use the app's clock
     return LoadedEntry(name, definition.task, sched, args=definition.args,
                        kwargs=definition.kwargs, options=definition.options, source="runtime",
-                       tz=app.timezone, raw=raw)
+                       tz=app.timezone, raw=raw, zone=zone, calendar=calendar)
 
 
 class BeatEntries:
@@ -499,12 +645,14 @@ class BeatEntries:
         # Indexed but no longer defined (removed while no beat ran, or a runtime definition
         # that cannot be read): out of the index and the states.
         removed = sorted({*plan.removed, *(n for n in due.states if n not in looked)})
-        result = self._written(self.store.write(
-            self.token, (*plan.starts, *plan.claims), looks=plan.looks, removed=removed))
-        changed = {c.name for c in (*plan.starts, *plan.claims)}
-        for change in (*plan.starts, *plan.claims):
+        writes = (*plan.starts, *plan.records, *plan.claims)
+        result = self._written(self.store.write(self.token, writes, looks=plan.looks,
+                                                removed=removed))
+        changed = {c.name for c in writes}
+        for change in writes:
             if result.written.get(change.name):
                 self._remember(change.name, change.state, keys[change.name])
+        self._record_misses(plan, result, looked)
         # What was read counts as remembered too (a state an operator or `schedproj migrate`
         # wrote since this beat took over is the one to put back after a loss).
         for name, state in plan.judged.items():
@@ -514,6 +662,28 @@ class BeatEntries:
         forced_done = [c.name for c in plan.claims if c.name in due.forced]
         self.store.done_forcing(forced_done)
         return due.more
+
+    def _record_misses(self, plan: EntryPlan, result: WriteResult,
+                       looked: Mapping[str, LoadedEntry]) -> None:
+        """Fire times skipped for their catch-up window, once their state is written (so each
+        is counted once): a log line and ``schedproj_missed_runs_total{lane=<entry>}``."""
+        counts: dict[str, int] = {}
+        for name, (through, count) in plan.missed.items():
+            if not result.written.get(name):
+                continue
+            counts[name] = count
+            calendar = looked[name].calendar
+            logger.warning(
+                "schedule entry %s missed %d fire time(s) through %s: not started within its "
+                "catch-up window (%ss); it waits for its next fire time", name, count,
+                datetime.fromtimestamp(through, UTC).isoformat(timespec="seconds"),
+                None if calendar is None else calendar.catchup_window_s)
+        if counts:
+            try:
+                self.store.count_missed(counts)
+            except redis.ResponseError as exc:   # a counters hash of the wrong type
+                logger.error("schedule entries: the missed-runs counter is not kept (%s); "
+                             "delete %s", exc, self.keys.counters)
 
     def _send(self, plan: EntryPlan, result: WriteResult, read: Mapping[str, str | None],
               now: float, looked: Mapping[str, LoadedEntry]) -> None:

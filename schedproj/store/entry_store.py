@@ -10,7 +10,7 @@ from itertools import islice
 import redis
 
 from schedproj.core.entries import EntryClaim, EntryDefinition
-from schedproj.store.protocol import ENTRIES_CHANGED_MEMBER, Keys
+from schedproj.store.protocol import ENTRIES_CHANGED_MEMBER, CounterKind, Keys, counter_field
 from schedproj.store.scripts import register
 
 #: Stands for "no value stored" in the compare-and-set (a state is JSON, never this).
@@ -143,6 +143,14 @@ class EntryStore:
         for name in names:
             pipe.hsetnx(self.keys.entries, name, states[name])
         return sum(int(x) for x in pipe.execute())
+
+    def count_missed(self, counts: Mapping[str, int]) -> None:
+        """Add calendar entries' missed fire times to the durable counters (``missed|<entry>``,
+        exported as ``schedproj_missed_runs_total{lane}``, as a calendar lane's are)."""
+        pipe = self.client.pipeline(transaction=False)
+        for name, count in counts.items():
+            pipe.hincrby(self.keys.counters, counter_field(CounterKind.MISSED, name), count)
+        pipe.execute()
 
     def done_forcing(self, names: Sequence[str]) -> None:
         if names:
