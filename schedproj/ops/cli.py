@@ -463,8 +463,8 @@ def _is_entry(client: Any, keys: Any, name: str) -> bool:
 @main.group()
 def entry() -> None:
     """Add, change, remove and list schedule entries at runtime (no deploy): a task sent every
-    N seconds or on a cron expression, beside the app's beat_schedule. The active beat picks a
-    change up at its next tick."""
+    N seconds, on a cron expression, or once at an instant, beside the app's beat_schedule.
+    The active beat picks a change up at its next tick."""
 
 
 @entry.command(name="add")
@@ -473,7 +473,17 @@ def entry() -> None:
 @click.option("--every", "every_s", type=float, default=None, metavar="SECONDS",
               help="Send every SECONDS.")
 @click.option("--cron", default=None, metavar="'M H DoM Mon DoW'",
-              help="Send on this crontab (five fields), in the app's time zone.")
+              help="Send on this crontab (five fields), in --timezone (default: the app's), "
+                   "with cron's DST rules.")
+@click.option("--at", "at_text", default=None, metavar="INSTANT",
+              help="Send once at this instant, ISO 8601 with an offset "
+                   "(2027-03-28T02:30:00+01:00, or Z for UTC); the entry is then spent.")
+@click.option("--timezone", default=None, metavar="ZONE",
+              help="The IANA time zone of --cron (default: the app's timezone).")
+@click.option("--catchup-window", "catchup_window_s", type=float, default=None,
+              metavar="SECONDS",
+              help="For --cron or --at: a run that would start more than SECONDS after its "
+                   "fire time is skipped and counted as missed (default: run late, once).")
 @click.option("--args", "args_json", default="[]", show_default=True,
               help="Positional arguments, a JSON list.")
 @click.option("--kwargs", "kwargs_json", default="{}", show_default=True,
@@ -483,8 +493,9 @@ def entry() -> None:
               help="Other message options, a JSON object (priority, expires, headers ...).")
 @click.option("-A", "--app", "app_name", default=None,
               help="Check the task name against this app (else it is not checked).")
-def entry_add(name: str, task: str, every_s: float | None, cron: str | None, args_json: str,
-              kwargs_json: str, queue: str | None, options_json: str,
+def entry_add(name: str, task: str, every_s: float | None, cron: str | None,
+              at_text: str | None, timezone: str | None, catchup_window_s: float | None,
+              args_json: str, kwargs_json: str, queue: str | None, options_json: str,
               app_name: str | None) -> None:
     """Add schedule entry NAME sending TASK, or change it if added at runtime before."""
     from schedproj.ops.runtime_entries import define
@@ -495,11 +506,13 @@ def entry_add(name: str, task: str, every_s: float | None, cron: str | None, arg
         except ValueError as exc:
             raise click.ClickException(f"{option} is not JSON ({exc}): {text!r}") from None
 
+    at = _instant_option(at_text)
     settings, client, keys = _state_handles()
     app = _load_app(app_name, None) if app_name else None
     with _reaching(settings):
         try:
-            added = define(client, keys, name, task, every=every_s, cron=cron,
+            added = define(client, keys, name, task, every=every_s, cron=cron, at=at,
+                           timezone=timezone, catchup_window_s=catchup_window_s,
                            args=parsed("--args", args_json),
                            kwargs=parsed("--kwargs", kwargs_json), queue=queue,
                            options=parsed("--options", options_json), app=app)
@@ -509,8 +522,35 @@ def entry_add(name: str, task: str, every_s: float | None, cron: str | None, arg
         click.echo(f"warning: {warning}", err=True)
     if app is None:
         click.echo("note: task name not checked (pass -A APP to check it)", err=True)
-    when = f"every {every_s:g}s" if every_s is not None else f"cron '{added.definition.cron}'"
-    click.echo(f"{'changed' if added.replaced else 'added'} schedule entry {name}: {task} {when}")
+    click.echo(f"{'changed' if added.replaced else 'added'} schedule entry {name}: {task} "
+               f"{_entry_when(added.definition)}")
+
+
+def _instant_option(text: str | None) -> Any:
+    """``--at``'s ISO 8601 instant (an offset required: a wall time alone is ambiguous)."""
+    import datetime as dt
+
+    if text is None:
+        return None
+    try:
+        at = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise click.ClickException(f"--at {text!r} is not an ISO 8601 instant; write e.g. "
+                                   "2027-03-28T02:30:00+01:00 (or Z for UTC)") from None
+    if at.tzinfo is None:
+        raise click.ClickException(f"--at {text!r} has no offset; add one "
+                                   "(2027-03-28T02:30:00+01:00) or Z for UTC")
+    return at
+
+
+def _entry_when(d: Any) -> str:
+    if d.every_s is not None:
+        return f"every {d.every_s:g}s"
+    window = f", catch-up window {d.catchup_window_s:g}s" if d.catchup_window_s else ""
+    if d.at is not None:
+        return f"once at {_when(d.at)}{window}"
+    zone = f" in {d.timezone}" if d.timezone else ""
+    return f"cron '{d.cron}'{zone}{window}"
 
 
 @entry.command(name="remove")
@@ -532,12 +572,16 @@ def entry_remove(name: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the entries as JSON.")
 def entry_list(as_json: bool) -> None:
     """List every schedule entry the active beat runs (beat_schedule and runtime) with its last
-    run and next due time, and runtime entries beat has not read yet."""
+    run and next due time, and runtime entries beat has not read yet. A one-off entry that ran
+    shows as spent."""
     from schedproj.telemetry.entries_view import read_entries
 
     settings, client, keys = _state_handles()
     with _reaching(settings):
         rows = read_entries(client, keys).rows()
+    for r in rows:
+        # A one-off instant (its schedule is ``<at ...>``) is spent once it ran.
+        r["spent"] = str(r["schedule"]).startswith("<at ") and r["runs"] > 0
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -546,8 +590,9 @@ def entry_list(as_json: bool) -> None:
         table.add_column(col, no_wrap=col == "name")
     for r in rows:
         table.add_row(r["name"], r["task"], r["schedule"], r["source"],
-                      _when(r["last_run_at"]), _when(r["next_due_at"]), str(r["runs"]),
-                      "yes" if r["paused"] else "")
+                      _when(r["last_run_at"]),
+                      "spent (one-off, ran)" if r["spent"] else _when(r["next_due_at"]),
+                      str(r["runs"]), "yes" if r["paused"] else "")
     Console(width=None if sys.stdout.isatty() else 160).print(table)
 
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import redis
@@ -20,6 +22,7 @@ import redis
 from schedproj.core.entries import EntryDefinition, check_entry_name
 from schedproj.core.errors import ConfigurationError, StateError
 from schedproj.core.laneset import specs_from_registry
+from schedproj.on_celery.calendars import app_timezone
 from schedproj.on_celery.entries import schedule_of
 from schedproj.on_celery.runtime import runtime_for
 from schedproj.store.entry_store import EntryStore
@@ -39,19 +42,29 @@ class Added:
 
 
 def define(client: redis.Redis, keys: Keys, name: str, task: str, *,
-           every: float | None = None, cron: str | None = None, args: Sequence[Any] = (),
+           every: float | None = None, cron: str | None = None,
+           at: datetime | float | None = None, timezone: str | None = None,
+           catchup_window_s: float | None = None, args: Sequence[Any] = (),
            kwargs: Mapping[str, Any] | None = None, queue: str | None = None,
            options: Mapping[str, Any] | None = None, app: Any = None) -> Added:
     """Check and store a runtime entry (a new one, or a changed definition of one added at
-    runtime before). ConfigurationError naming the problem and the fix when refused."""
+    runtime before). ConfigurationError naming the problem and the fix when refused.
+
+    ``at`` (an aware datetime or epoch seconds) makes a one-off entry: sent once at that
+    instant, then spent (kept, shown as spent, never sent again); it must not have passed."""
     try:
         check_entry_name(name)
         opts = dict(options or {})
         if queue is not None:
             opts["queue"] = queue
-        definition = EntryDefinition.build(task=task, every_s=every, cron=cron, args=args,
-                                           kwargs=kwargs, options=opts)
+        definition = EntryDefinition.build(
+            task=task, every_s=every, cron=cron, at=_epoch(at), timezone=timezone,
+            catchup_window_s=catchup_window_s, args=args, kwargs=kwargs, options=opts)
+        if definition.at is not None and definition.at < time.time():
+            raise ValueError(f"the instant {_shown(definition.at)} has passed; give one to come")
         schedule_of(definition, app)
+        if app is not None:
+            definition.calendar(app_timezone(app.conf))   # the app's zone, if it is used
     except ValueError as exc:
         raise ConfigurationError(f"entry {name!r}: {exc}") from None
     _refuse_taken(client, keys, name)
@@ -66,6 +79,19 @@ def define(client: redis.Redis, keys: Keys, name: str, task: str, *,
         logger.warning("%s", warning)
     return Added(name=name, definition=definition, replaced=bool(replaced),
                  warnings=tuple(warnings))
+
+
+def _epoch(at: datetime | float | None) -> float | None:
+    if isinstance(at, datetime):
+        if at.tzinfo is None or at.utcoffset() is None:
+            raise ValueError(f"the instant {at.isoformat()} has no time zone; give an offset "
+                             "(2027-03-28T02:30:00+01:00) or Z for UTC")
+        return at.timestamp()
+    return at
+
+
+def _shown(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).isoformat(timespec="seconds")
 
 
 def _refuse_taken(client: redis.Redis, keys: Keys, name: str) -> None:
@@ -108,14 +134,18 @@ def definitions(client: redis.Redis, keys: Keys) -> dict[str, EntryDefinition | 
 
 
 def add_entry(app: Any, name: str, task: str, *, every: float | None = None,
-              cron: str | None = None, args: Sequence[Any] = (),
-              kwargs: Mapping[str, Any] | None = None, queue: str | None = None,
-              options: Mapping[str, Any] | None = None) -> Added:
+              cron: str | None = None, at: datetime | float | None = None,
+              timezone: str | None = None, catchup_window_s: float | None = None,
+              args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None,
+              queue: str | None = None, options: Mapping[str, Any] | None = None) -> Added:
     """Add (or change) a runtime schedule entry of ``app``: ``task`` sent every ``every``
-    seconds or on the five-field ``cron`` expression (in the app's time zone), with ``args``,
-    ``kwargs`` and message ``options``. Picked up by the active beat at its next tick."""
+    seconds, on the five-field ``cron`` expression (in ``timezone``, default the app's time
+    zone), or once at the instant ``at``, with ``args``, ``kwargs`` and message ``options``.
+    A cron or one-off entry may set ``catchup_window_s``. Picked up by the active beat at its
+    next tick."""
     rt = runtime_for(app)
-    return define(rt.store.client, rt.keys, name, task, every=every, cron=cron, args=args,
+    return define(rt.store.client, rt.keys, name, task, every=every, cron=cron, at=at,
+                  timezone=timezone, catchup_window_s=catchup_window_s, args=args,
                   kwargs=kwargs, queue=queue, options=options, app=app)
 
 
