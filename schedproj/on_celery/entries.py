@@ -50,6 +50,7 @@ from schedproj.core.schedules import CronFireTimes, fire_times
 from schedproj.on_celery.calendars import app_timezone
 from schedproj.store.entry_store import EntryStore, WriteResult
 from schedproj.store.protocol import Keys
+from schedproj.telemetry.sentry import ZonedCrontab
 
 logger = logging.getLogger("schedproj.beat")
 
@@ -217,6 +218,17 @@ class LoadedEntry:
                  else judged_copy(self.schedule, self.copy_for))
         due, next_s = sched.is_due(datetime.fromtimestamp(last_run_at, tz=self.tz))
         return bool(due), float(next_s)
+
+    def sent_schedule(self) -> Any:
+        """The schedule its message carries (sentry-sdk builds a Crons monitor from it): a
+        crontab in a zone of its own names that zone (:class:`ZonedCrontab`), so Sentry
+        expects it at the times it fires; any other is its own schedule."""
+        calendar = self._calendar
+        times = None if calendar is None else calendar.times
+        if isinstance(times, CronFireTimes) and times.zone != self.zone:
+            with contextlib.suppress(ValueError):
+                return ZonedCrontab(times)
+        return self.schedule
 
     @property
     def timing(self) -> LoadedEntry:
@@ -695,7 +707,8 @@ class BeatEntries:
             if not result.written.get(claim.name):
                 continue
             entry = looked[claim.name]
-            message = EntrySend(name=entry.name, task=entry.task, schedule=entry.schedule,
+            message = EntrySend(name=entry.name, task=entry.task,
+                                schedule=entry.sent_schedule(),
                                 args=entry.args, kwargs=entry.kwargs, options=entry.options,
                                 last_run_at=datetime.fromtimestamp(claim.state.last_run_at,
                                                                    tz=self.app.timezone),

@@ -164,6 +164,11 @@ def test_an_entry_may_name_its_own_zone_and_its_options_do_not_travel() -> None:
     entry = table["report"]
     assert entry.options == {"queue": "reports"}
     assert entry.calendar is not None and entry.calendar.times.text.endswith("America/New_York")
+    # Sentry Crons builds its monitor from the message's schedule: it names the entry's zone.
+    assert str(entry.sent_schedule().tz) == "America/New_York"
+    plain = beat_schedule_table(app_of({"p": {"task": "t", "schedule": crontab(minute=0)}},
+                                       timezone="Europe/Berlin"))["p"]
+    assert plain.calendar is not None and plain.sent_schedule() is plain.schedule
     # 2027-01-15 09:00 New York is 14:00 UTC.
     start = datetime(2027, 1, 15, 12, tzinfo=UTC).timestamp()
     beat = VirtualBeat(table, now=start)
