@@ -367,7 +367,9 @@ class PressurePublisher:
         ``granted`` is the lease this tick granted: the lanes it deferred press on that hold.
         (Measured on the lease as read — free — they pressed on nothing, and the ticks after
         skip them while the same lease is held: the holder never heard of them.)"""
-        pressure = measure(_default_pool_only(decision), states, granted or snap.lease, now,
+        if len(self.lanes.lanes.pools) > 1:  # pools beyond the default: their lanes press
+            decision = _default_pool_only(decision)  # on their own pools' holders only
+        pressure = measure(decision, states, granted or snap.lease, now,
                            legacy=self.rt.settings.policy is Policy.REGISTRY)
         if partial and self.published is not None and not outranks(
                 pressure, self.published[0], now, self.lanes.spec):
@@ -391,10 +393,7 @@ class PressurePublisher:
 
 def _default_pool_only(decision: Decision) -> Decision:
     """The decision as the heavy lease's holder sees it: a waiter presses only on the holders
-    of its own pool, so the lanes of other pools are left out (as they are, when no pool
-    beyond the default is declared)."""
-    if all(view.spec.pool == DEFAULT_POOL for view in decision.views.values()):
-        return decision
+    of its own pool, so the lanes of other pools are left out."""
     return replace(decision, views={name: view for name, view in decision.views.items()
                                     if view.spec.pool == DEFAULT_POOL})
 
