@@ -93,16 +93,19 @@ def _variant_labels() -> list[str]:
 
 @click.command()
 @click.option("--scenario",
-              type=click.Choice(["forensic", "random", "mixed", "trace", "family"]),
+              type=click.Choice(["forensic", "random", "mixed", "trace", "family", "pools"]),
               default="forensic", show_default=True,
               help="forensic: the REM chain with the original's backlog; random: random lane "
                    "sets at heavy demand H; mixed: cadences from 1 minute to 24 hours, work "
                    "arriving each period, pressure-aware yielding against the hold cap alone, "
                    "a 120 s cap and the legacy picker; trace: your own lanes from --trace FILE; "
                    "family: a heavy lane family of --members members and the REM chain at "
-                   "total heavy demand --H (default 0.9), staleness picker only.")
+                   "total heavy demand --H (default 0.9), staleness picker only; pools: a "
+                   "4-slot pool with a family of --members members and lanes of other "
+                   "cadences (one taking 2 slots) at --H per slot (default 0.9), beside the "
+                   "one lease, staleness picker only.")
 @click.option("--members", default=1000, show_default=True, type=click.IntRange(1),
-              help="Members of the family scenario's lane family.")
+              help="Members of the family or pools scenario's lane family.")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Trace file (JSON, see docs/simulator.md); implies --scenario trace.")
 @click.option("--H", "hs", multiple=True, metavar="H[,H...]",
@@ -182,11 +185,13 @@ def simulate(scenario: str, trace_path: Path | None, hs: tuple[str, ...], seed: 
     if cadence_range is not None and scenario not in ("random", "mixed"):
         raise click.UsageError("--cadence-range applies to --scenario random or mixed")
     if planning != "index" and scenario in ("random", "mixed"):
-        raise click.UsageError("--planning applies to --scenario forensic, trace or family")
+        raise click.UsageError("--planning applies to --scenario forensic, trace, family or "
+                               "pools")
     try:
-        if scenario == "family":
-            _family(members, _demands(hs), seed, horizon, tick, as_json, rule,
-                    _progress(progress, 1), planning)
+        if scenario in ("family", "pools"):
+            one = _family if scenario == "family" else _pools
+            one(members, _demands(hs), seed, horizon, tick, as_json, rule,
+                _progress(progress, 1), planning)
             return
         if scenario == "mixed":
             _mixed(_demands(hs), seed, horizon, tick, hold_cap, sets, cadence_range, rule,
@@ -251,6 +256,53 @@ def _family(members: int, hs: list[float], seed: int, horizon: float | None,
                    f"backlog left {row['final_backlog']}")
 
 
+def _pools(members: int, hs: list[float], seed: int, horizon: float | None,
+           tick: float | None, as_json: bool, rule: Any = None, progress: Any = None,
+           planning: str = "index") -> None:
+    """The pools scenario, staleness picker with the second pass: every pool's figures and
+    the report (the members' worst ratio and Jain's index, every other lane's worst ratio)."""
+    from dataclasses import asdict
+
+    from schedproj.sim.engine import simulate as run
+    from schedproj.sim.metrics import json_dict, summarize
+    from schedproj.sim.model import Variant
+    from schedproj.sim.pools import pools_report, pools_scenario
+    from schedproj.sim.report import yielding
+
+    if len(hs) > 1:
+        raise click.UsageError("--scenario pools takes one --H")
+    s = pools_scenario(members, hs[0] if hs else 0.9, pressure=rule)
+    s = s.with_(**_overrides(horizon, tick, None, False))
+    simulated = run(s, Variant.parse("staleness+pass"), seed,
+                    progress.start() if progress is not None else None, planning)
+    if progress is not None:
+        progress.done()
+    metrics = summarize(simulated)
+    report = pools_report(metrics)
+    if as_json:
+        out = {"scenario": s.name, "description": s.description, "params": s.params,
+               "seed": seed, "horizon_s": s.horizon_s,
+               "pools": {name: asdict(p) for name, p in metrics.pools.items()},
+               "report": asdict(report), "verdicts": report.verdicts(),
+               "metrics": {k: v for k, v in metrics.as_dict().items()
+                           if k not in ("lanes", "pools")}}
+        click.echo(json.dumps(json_dict(out), indent=2))
+        return
+    click.echo(f"{s.description}\nhorizon {s.horizon_s / 3600:g} h, seed {seed}, "
+               f"{yielding(s.pressure)} (on the lease; a pool's runs yield at the hold cap)")
+    for p in metrics.pools.values():
+        fairness = "-" if p.jain is None else f"{p.jain:.4f}"
+        click.echo(f"  pool {p.pool}: {p.slots} slots, {p.lanes} lanes, {p.runs} runs, "
+                   f"utilisation {p.utilisation:.3f}, Jain {fairness}, max ratio "
+                   f"{p.max_ratio:.2f} ({p.max_ratio_lane or '-'})")
+    fairness = "-" if report.jain_members is None else f"{report.jain_members:.4f}"
+    click.echo(f"members {report.members}: maximal staleness ratio "
+               f"{report.member_max_ratio:.2f} ({report.worst_member}); Jain over members "
+               f"{fairness}")
+    for lane, ratio in report.lanes_max_ratio.items():
+        click.echo(f"  {lane}: max ratio {ratio:.2f}")
+
+
 def _rule(pressure: bool | None, target: float | None, min_hold: float | None) -> Any:
     """The pressure rule asked for: beat's default rule (``model.BEAT_PRESSURE``) with
     --pressure-target and --min-hold applied; None with --no-pressure."""
@@ -286,6 +338,9 @@ def _single(scenario: str, trace_path: Path | None, seed: int, horizon: float | 
     if scenario == "trace" and trace_path is None:
         raise click.UsageError("--scenario trace needs --trace FILE")
     s = load_trace(trace_path) if trace_path is not None else forensic()
+    if s.pools and chosen is None:
+        # The legacy registry policy knows no pools: the staleness variants.
+        chosen = tuple(v for v in VARIANTS if v.policy.value == "staleness")
     s = s.with_(**_overrides(horizon, tick, hold_cap, no_wake))
     if not own_rule:
         s = s.with_(pressure=rule)
@@ -297,7 +352,8 @@ def _single(scenario: str, trace_path: Path | None, seed: int, horizon: float | 
         click.echo(f"wrote {dump_trace}", err=True)
     c = compare(s, seed, chosen or VARIANTS, progress=progress, planning=planning)
     if as_json:
-        click.echo(json.dumps(c.as_dict(), indent=2))
+        # A trace's output lists every run's start (seconds after its ``start``).
+        click.echo(json.dumps(c.as_dict(runs=scenario == "trace"), indent=2))
     else:
         print_tables(comparison_tables(c), sys.stdout)
     if plot_dir is not None:

@@ -25,17 +25,27 @@ from typing import Any
 
 from schedproj.core import defaults, lifecycle
 from schedproj.core.deferrals import LEASE_WAITS
-from schedproj.core.due import NEVER, due_at, effective_last_run, retry_at
+from schedproj.core.due import (
+    NEVER,
+    calendar_due_at_for,
+    calendar_last_run,
+    due_at,
+    effective_last_run,
+    retry_at,
+    staleness,
+)
 from schedproj.core.dueindex import next_look, waits_for_lease
 from schedproj.core.lanes import LaneSpec, enabled_under
 from schedproj.core.picker import Policy, pick
 from schedproj.core.pipeline import Decision
 from schedproj.core.planner import Plan, TickInput, plan_tick
+from schedproj.core.pools import DEFAULT_POOL, pools_by_name
 from schedproj.core.pressure import HOLD_CAP, Pressure, measure, yield_reason
 from schedproj.core.records import LaneState, LeaseView, Outcome, RunRecord, SchedRecord
 from schedproj.core.views import is_in_flight
 from schedproj.sim.index import LOOK_SLACK_S, LaneIndex, Planning, Rank, check_plans
 from schedproj.sim.model import Arrival, Durations, LaneModel, Scenario, SimError, Variant
+from schedproj.sim.pools import lease_decision, pool_pressure
 
 #: A simulation that needs more decisions than this is stopped (a modelling error, not a run).
 MAX_DECISIONS = 5_000_000
@@ -56,8 +66,10 @@ class LaneTrace:
     name: str
     spec: LaneSpec
     enabled: bool
-    #: Staleness-ratio clock: (origin, start, end) — the ratio is (t - origin) / cadence for t
-    #: in [start, end]; outside all segments it is 0 (a backlog-driven lane with no backlog).
+    #: Staleness-ratio clock: (origin, start, end) — for t in [start, end] the ratio is
+    #: (t - origin) / cadence for a cadence lane, and for a calendar lane the calendar ratio
+    #: (``schedules.calendar_ratio``) of a lane last run at ``origin`` (-inf: never ran);
+    #: outside all segments it is 0 (a backlog-driven lane with no backlog).
     segments: list[tuple[float, float, float]] = field(default_factory=list)
     #: Lengths of the lane's "due but not started" episodes (the last one may be cut by the
     #: horizon).
@@ -66,6 +78,8 @@ class LaneTrace:
     light_delays: list[float] = field(default_factory=list)
     #: (start, end, outcome) of every run that ended within the horizon.
     runs: list[tuple[float, float, str]] = field(default_factory=list)
+    #: The start of every run (those still going at the horizon too).
+    starts: list[float] = field(default_factory=list)
     dispatches: int = 0
     #: Light lanes: ticks at which the lane was ready but a heavy winner took the only slot.
     falsifier: int = 0
@@ -101,6 +115,9 @@ class SimRun:
     starts: list[tuple[str, float, float, float]] = field(default_factory=list)
     #: Seconds of heavy runs' fixed start-up parts (``run_s``) paid on the lease.
     startup_s: float = 0.0
+    #: (pool, lane, slots, start, end) of every run in a pool beyond the default (the last
+    #: ones may be cut by the horizon); the default pool's holds are ``lease``.
+    pool_holds: list[tuple[str, str, int, float, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -134,6 +151,8 @@ class _Lane:
         self.name = model.name
         self.heavy = model.spec.heavy
         self.cadence = model.spec.cadence_s
+        #: A heavy lane of a pool beyond the default: its runs take slots, not the lease.
+        self.in_pool = model.spec.heavy and model.spec.pool != DEFAULT_POOL
         self.enabled = enabled
         self.dur = Durations(model, seed)
         self.trace = LaneTrace(model.name, model.spec, enabled)
@@ -203,10 +222,24 @@ class _Lane:
     # -- staleness clock ------------------------------------------------------------------------
     def _origin_at(self, t: float) -> float:
         """Where the ratio counts from when the clock (re)starts at ``t``: the last run's end,
-        but at most one cadence back (a lane older than that starts the clock as just due)."""
+        but at most one cadence back (a lane older than that starts the clock as just due).
+        A calendar lane's ratio is the picker's (``due.staleness``), which counts from its last
+        run as beat's rules count it (-inf: never ran, its previous fire time is missed)."""
+        if self.spec.calendar is not None:
+            ran = calendar_last_run(self.spec, self.state(), t)
+            return -math.inf if ran is None else ran
         last = self.run.last_run_at
         floor = t - self.cadence
         return floor if last is None else max(last, floor)
+
+    def ratio_at(self, t: float) -> float:
+        """The staleness ratio at ``t`` while the clock runs: the calendar ratio the picker
+        ranks by for a calendar lane (``due.staleness``), ``(t - origin) / cadence`` else."""
+        if self.origin is None:
+            return 0.0
+        if self.spec.calendar is not None:
+            return staleness(self.spec, self.state(), t)
+        return (t - self.origin) / self.cadence
 
     def close_segment(self, t: float) -> None:
         if self.origin is not None and t > self.seg_start:
@@ -244,7 +277,9 @@ class _Lane:
         candidates = [retry_at(spec, self.state(), t)]
         if self.backlog_since is not None:
             candidates.append(self.backlog_since)
-        if not spec.backlog_driven:
+        if spec.calendar is not None:
+            candidates.append(calendar_due_at_for(spec, self.state(), t))
+        elif not spec.backlog_driven:
             ran = effective_last_run(self.state(), self.cadence, t, spec.due_ratio)
             candidates.append(-math.inf if ran is None else ran + self.cadence * spec.due_ratio)
         valid = [c for c in candidates if c <= t + _EPS]
@@ -274,6 +309,13 @@ class Simulation:
         self.enabled = [rt for rt in self.rts if rt.enabled]
         self.probed = [rt for rt in self.rts if rt.probed]
         self.planning = Planning(planning)
+        #: Pools beyond the default: their runs by lane, and every pool by name for decide.
+        self.pool_table = pools_by_name(scenario.pools) if scenario.pools else None
+        self.pool_runs: dict[str, _HeavyRun] = {}
+        self.pool_holds: list[tuple[str, str, int, float, float]] = []
+        if self.pool_table is not None and variant.policy is Policy.REGISTRY:
+            raise SimError(f"scenario {scenario.name!r} declares pools, which the legacy "
+                           f"registry policy does not know. Fix: run the staleness variants")
         self._index_setup()
         self.lease: LeaseView | None = None
         self.lease_start = 0.0
@@ -300,6 +342,8 @@ class Simulation:
         # Pressure-aware yielding: what beat published during the current hold.
         self.rule = scenario.pressure if variant.policy is Policy.STALENESS else None
         self.published: list[tuple[float, Pressure | None]] = []
+        #: The same for each pool beyond the default, on its longest holder's hold.
+        self.pool_published: dict[str, list[tuple[float, Pressure | None]]] = {}
         self.yields: list[tuple[float, str, str, bool]] = []
         self.starts: list[tuple[str, float, float, float]] = []
         self.startup_s = 0.0
@@ -310,7 +354,12 @@ class Simulation:
 
     def _index_setup(self) -> None:
         """The due index and what it keeps beside (unused when planning every lane)."""
-        self.index = LaneIndex(by_order=self.v.policy is Policy.REGISTRY)
+        # A pool's grant walks at most its slots plus its lanes taking more than one slot.
+        walks = {p.name: p.slots for p in self.s.pools}
+        for rt in self.enabled:
+            if rt.in_pool and rt.spec.slots > 1:
+                walks[rt.spec.pool] += 1
+        self.index = LaneIndex(by_order=self.v.policy is Policy.REGISTRY, walks=walks)
         self.position = {rt.name: i for i, rt in enumerate(self.rts)}
         # Planned at every decision: calendar lanes (their missed fire times are counted as
         # time passes, due or not).
@@ -400,6 +449,7 @@ class Simulation:
             light_behind_light=self.light_behind_light, decisions=self.decisions,
             deferrals=dict(sorted(self.deferrals.items())), expired_gates=self.expired_gates,
             yields=self.yields, starts=self.starts, startup_s=self.startup_s,
+            pool_holds=self.pool_holds,
         )
 
     def _handle(self, kind: int, obj: Any, t: float) -> bool:
@@ -432,7 +482,7 @@ class Simulation:
             if view.due:
                 if rt.due_since is None:
                     rt.due_since = rt.onset(t)
-                    if rt.heavy:
+                    if rt.heavy and not rt.in_pool:
                         self.heavy_due[name] = rt.due_since
                         heapq.heappush(self.heavy_due_heap, (rt.due_since, name))
             elif rt.due_since is not None:  # stopped being due without running
@@ -441,7 +491,7 @@ class Simulation:
                 self.heavy_due.pop(name, None)
 
     def _idle(self, decision: Decision) -> bool:
-        if self.lease is not None or self.arrivals_left:
+        if self.lease is not None or self.pool_runs or self.arrivals_left:
             return False
         if any(v.due for v in decision.views.values() if v.spec.heavy):
             return False
@@ -458,13 +508,13 @@ class Simulation:
         self._observe_due(decision, t)
         if observe_only:
             return decision
-        if self.rule is not None and self.lease is not None:
-            # Beat publishes the pressure it computed with its tick (FairScheduler does too).
-            self.published.append((t, measure(decision, states, self.lease, t)))
+        if self.rule is not None:
+            self._publish(decision, states, t)
         if self.drained_at is None and self._idle(decision):
             self.drained_at = t
         self._track_gates(decision, t)
         chosen = self._choose(decision)
+        chosen += [g.lane for g in decision.pool_grants if g.lane not in chosen]
         if len(chosen) < len(plan.sends):
             plan = plan.only(chosen)
         for name, rec in plan.changes.items():
@@ -474,7 +524,9 @@ class Simulation:
         self.expired_gates += len(decision.expired_gates)
         for name in chosen:
             rt = self.by_name[name]
-            if rt.heavy:
+            if rt.in_pool:
+                self._start_pool_run(rt, plan.sends[name].task_id, t)
+            elif rt.heavy:
                 self._start_heavy(rt, plan.sends[name].task_id, t)
             else:
                 self._start_light(rt, plan.sends[name].task_id, t)
@@ -484,6 +536,17 @@ class Simulation:
         self.first_change = t if chosen else None
         self.trigger = self._triggers(t)
         return decision
+
+    def _publish(self, decision: Decision, states: dict[str, LaneState], t: float) -> None:
+        """Beat publishes the pressure it computed with its tick (FairScheduler does too):
+        on the lease from the lanes waiting for it (the default pool's), and on each pool's
+        longest holder from that pool's waiting lanes."""
+        if self.lease is not None:
+            self.published.append((t, measure(lease_decision(decision), states, self.lease,
+                                              t)))
+        if self.pool_runs:
+            for pool, pressure in pool_pressure(decision, states, self._holds(), t).items():
+                self.pool_published.setdefault(pool, []).append((t, pressure))
 
     # -- which lanes a decision plans (schedproj.sim.index) --------------------------------------
     def _plan(self, t: float) -> tuple[Plan, dict[str, LaneState]]:
@@ -497,6 +560,7 @@ class Simulation:
         focus.update(index.leaders(t))
         if self.lease is not None:
             focus.add(self.lease.lane)
+        focus.update(self.pool_runs)
         for gated in focus.intersection(self.blockers_of):
             focus.update(self.blockers_of[gated])
         position = self.position
@@ -510,8 +574,15 @@ class Simulation:
     def _plan_lanes(self, lanes: list[_Lane], t: float) -> tuple[Plan, dict[str, LaneState]]:
         states = {rt.name: rt.state() for rt in lanes}
         probes = {rt.name: rt.probe() for rt in lanes if rt.probed}
-        plan = plan_tick([rt.spec for rt in lanes],
-                         TickInput(states=states, lease=self.lease, probes=probes),
+        tick = TickInput(states=states, lease=self.lease, probes=probes)
+        if self.pool_table is not None:
+            # Every pool, and per pool the lane holding each busy slot (k for k slots).
+            holders: dict[str, list[str]] = {}
+            for name, run in self.pool_runs.items():
+                holders.setdefault(run.rt.spec.pool, []).extend([name] * run.rt.spec.slots)
+            tick = TickInput(states=states, lease=self.lease, probes=probes,
+                             pools=self.pool_table, holders=holders)
+        plan = plan_tick([rt.spec for rt in lanes], tick,
                          t, profile=self.s.profile, policy=self.v.policy,
                          start_deadline_s=defaults.START_DEADLINE_S,
                          task_id=lambda n: f"{n}#{self.by_name[n].started}")
@@ -552,8 +623,9 @@ class Simulation:
             self.backlogged.add(rt.name)
         else:
             self.backlogged.discard(rt.name)
-        if spec.heavy and self.lease is not None and self.lease.lane == rt.name:
-            self.index.file(rt.name, t, None, t)  # the holder: planned while it holds
+        if spec.heavy and ((self.lease is not None and self.lease.lane == rt.name)
+                           or rt.name in self.pool_runs):
+            self.index.file(rt.name, t, None, t)  # a holder: planned while it holds
             return
         if not spec.heavy and is_in_flight(state, t):
             self.index.file(rt.name, next_look(spec, state, t), None, t)
@@ -583,7 +655,8 @@ class Simulation:
         if run.last_run_at is None and run.since is not None and run.since > t:
             return None
         last = effective_last_run(state, spec.cadence_s, t, spec.due_ratio)
-        return Rank(0 if spec.priority0 else 1, spec.cadence_s, last, spec.order, spec.name)
+        return Rank(0 if spec.priority0 else 1, spec.cadence_s, last, spec.order, spec.name,
+                    spec.pool, spec.weight)
 
     def _track_gates(self, decision: Decision, t: float) -> None:
         """When did a light lane's gate stop deferring it? (For the dispatch delay.)"""
@@ -648,26 +721,37 @@ class Simulation:
     # -- heavy runs -----------------------------------------------------------------------------
     def _dispatched(self, rt: _Lane, t: float) -> None:
         rt.trace.dispatches += 1
+        rt.trace.starts.append(t)
         if rt.due_since is not None:
             rt.trace.starvation.append(t - rt.due_since)
 
     def _start_heavy(self, rt: _Lane, task_id: str, t: float) -> None:
         # Work conservation: how long the lease sat free while some heavy lane was due.
-        dues = ([x.due_since for x in self.enabled if x.heavy and x.due_since is not None]
+        dues = ([x.due_since for x in self.enabled
+                 if x.heavy and not x.in_pool and x.due_since is not None]
                 if self.planning is Planning.FULL else self._earliest_heavy_due())
         if dues:
             self.idle_due_s += max(0.0, t - max(self.lease_free_since, min(dues)))
-        ratio = (t - rt.origin) / rt.cadence if rt.origin is not None else 0.0
-        waited = t - rt.due_since if rt.due_since is not None else 0.0
-        self.starts.append((rt.name, t, ratio, waited))
-        self._dispatched(rt, t)
-        rt.due_since = None
-        self.heavy_due.pop(rt.name, None)
         self.fence += 1
         self.published = []
         self.lease = LeaseView(lane=rt.name, token=f"sim-{self.fence}", fence=self.fence,
                                granted_at=t, started_at=t, task_id=task_id)
         self.lease_start = t
+        self._begin_heavy(rt, task_id, t)
+
+    def _start_pool_run(self, rt: _Lane, task_id: str, t: float) -> None:
+        """A grant of ``rt.spec.slots`` slots of the lane's pool (``Decision.pool_grants``):
+        its run holds them, fenced like a lease, until it ends."""
+        self.fence += 1
+        self.pool_runs[rt.name] = self._begin_heavy(rt, task_id, t)
+
+    def _begin_heavy(self, rt: _Lane, task_id: str, t: float) -> _HeavyRun:
+        """A heavy run starts at ``t`` on fence ``self.fence``: recorded, marked started."""
+        waited = t - rt.due_since if rt.due_since is not None else 0.0
+        self.starts.append((rt.name, t, rt.ratio_at(t), waited))
+        self._dispatched(rt, t)
+        rt.due_since = None
+        self.heavy_due.pop(rt.name, None)
         bound = defaults.LEASE_TTL_S + defaults.HEAVY_TIME_LIMIT_S
         rt.set_run(lifecycle.started(rt.run, task_id=task_id, now=t, running_until=t + bound,
                                      fence=self.fence))
@@ -675,6 +759,7 @@ class Simulation:
         rt.started += 1
         self.startup_s += rt.dur.run(run.index)
         self._schedule_step(run, t, rt.dur.run(run.index))
+        return run
 
     def _earliest_heavy_due(self) -> list[float]:
         """[When the heavy lane due longest became due], or [] if none is due."""
@@ -683,14 +768,24 @@ class Simulation:
             heapq.heappop(heap)
         return [heap[0][0]] if heap else []
 
+    def _holds(self) -> dict[str, LeaseView]:
+        """Each pool's holds as its runs know them: lane -> its slot lease (its fence)."""
+        return {name: LeaseView(lane=name, token=f"sim-{run.fence}", fence=run.fence,
+                                granted_at=run.start, started_at=run.start,
+                                task_id=run.task_id)
+                for name, run in self.pool_runs.items()}
+
     def _seen_pressure(self, run: _HeavyRun, t: float) -> Pressure | None:
-        """The pressure the holder knows at ``t``: what beat had published by the holder's
-        last lease renewal (every third of the lease TTL since the start, as LeaseRenewer)."""
+        """The pressure the holder knows at ``t``: what beat had published (on the lease, or
+        on the run's pool) by the holder's last renewal (every third of the lease TTL since
+        the start, as LeaseRenewer renews the lease and a slot lease)."""
         every = defaults.LEASE_TTL_S / 3
         renewed = run.start + math.floor((t - run.start) / every) * every
         if renewed <= run.start:
             return None
-        for at, pressure in reversed(self.published):
+        published = (self.pool_published.get(run.rt.spec.pool, []) if run.rt.in_pool
+                     else self.published)
+        for at, pressure in reversed(published):
             if at <= renewed:
                 return pressure
         return None
@@ -706,8 +801,9 @@ class Simulation:
             index.advance(t)
             names = chain(index.waiting, index.active, index.dirty, self.always)
             lanes = (self.by_name[name] for name in names)
-        return any(x is not rt and x.heavy and due_at(x.spec, x.state(), t, x.probe()) <= t
-                   for x in lanes)
+        pool = rt.spec.pool
+        return any(x is not rt and x.heavy and x.spec.pool == pool
+                   and due_at(x.spec, x.state(), t, x.probe()) <= t for x in lanes)
 
     def _schedule_step(self, run: _HeavyRun, t: float, duration: float) -> None:
         if run.rt.dur.fails(run.index, run.step):
@@ -783,10 +879,14 @@ class Simulation:
             backlog=0 if failed else len(rt.pool), now=t, fence=run.fence))
         rt.trace.runs.append((run.start, t, outcome.value))
         rt.run_ended(t)
-        self.lease = None
-        self.held_s += t - run.start
-        self.lease_log.append((rt.name, run.start, t))
-        self.lease_free_since = t
+        if rt.in_pool:
+            del self.pool_runs[rt.name]
+            self.pool_holds.append((rt.spec.pool, rt.name, rt.spec.slots, run.start, t))
+        else:
+            self.lease = None
+            self.held_s += t - run.start
+            self.lease_log.append((rt.name, run.start, t))
+            self.lease_free_since = t
         self._changed(t)
 
     # -- light runs -----------------------------------------------------------------------------
@@ -830,11 +930,15 @@ class Simulation:
                 rt.trace.starvation.append(horizon - rt.due_since)
             rt.close_segment(horizon)
             rt.trace.final_backlog = rt.probe()
+        for name, run in self.pool_runs.items():
+            spec = run.rt.spec
+            self.pool_holds.append((spec.pool, name, spec.slots, run.start, horizon))
         if self.lease is not None:
             self.held_s += horizon - self.lease_start
             self.lease_log.append((self.lease.lane, self.lease_start, horizon))
         else:
-            dues = [x.due_since for x in self.enabled if x.heavy and x.due_since is not None]
+            dues = [x.due_since for x in self.enabled
+                    if x.heavy and not x.in_pool and x.due_since is not None]
             if dues:
                 self.idle_due_s += max(0.0, horizon - max(self.lease_free_since, min(dues)))
 

@@ -7,9 +7,11 @@ the lease is skipped, since the planner would defer it again with the same strea
 simulator does the same, with one addition beat does not need: the waiting lanes the picker
 would rank first (:meth:`LaneIndex.leaders`) are planned too, so the pick at a hand-off and
 the pressure published during a hold see the lane they would see planning every lane. A
-waiting lane's rank changes only with time, and along a line: its staleness ratio is
-``(now - last run) / cadence``, so waiting lanes of one cadence keep their order, and the
-leaders are found from one heap per cadence without looking at the rest.
+waiting lane's rank changes only with time, and along a line: its weighted staleness ratio is
+``weight x (now - last run) / cadence``, so waiting lanes of one pool, cadence and weight keep
+their order, and the leaders are found from one heap per such group without looking at the
+rest. A pool of ``n`` slots grants at most ``n`` lanes a tick, walking past at most its lanes
+that take more than one slot (``pools.grant``): its leaders are the first that many.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from schedproj.core.planner import Plan
+from schedproj.core.pools import DEFAULT_POOL
 from schedproj.core.pressure import measure
 from schedproj.core.records import LeaseView
 from schedproj.sim.model import SimError
@@ -46,21 +49,25 @@ class Planning(StrEnum):
 
 @dataclass(frozen=True)
 class Rank:
-    """How the picker ranks a lane waiting for the lease, fixed while it waits: its
-    priority-0 tier and cadence (its group), its last run as the staleness ratio counts it
-    (None: never ran, maximally stale), its declared order and name."""
+    """How the picker ranks a lane waiting for the lease (or a slot of its pool), fixed
+    while it waits: its pool, priority-0 tier, cadence and weight (its group), its last run
+    as the staleness ratio counts it (None: never ran, maximally stale), its declared order
+    and name."""
 
     tier: int
     cadence_s: float
     last: float | None
     order: int
     name: str
+    pool: str = DEFAULT_POOL
+    weight: float = 1.0
 
     def ratio(self, now: float) -> float:
-        """The staleness ratio at ``now`` (``views.staleness_ratio``'s arithmetic)."""
+        """The weighted staleness ratio at ``now`` (``views.staleness_ratio``'s arithmetic,
+        times the weight, as ``picker.rank_key`` ranks)."""
         if self.last is None:
             return math.inf
-        return max(0.0, now - self.last) / self.cadence_s
+        return self.weight * (max(0.0, now - self.last) / self.cadence_s)
 
 
 _Entry = tuple[float, int, str]
@@ -69,11 +76,14 @@ _Entry = tuple[float, int, str]
 class LaneIndex:
     """The lanes' next looks and wake-ups, and the lanes due now: ``active`` (planned at every
     decision) and ``waiting`` (heavy lanes recorded as waiting for the lease, skipped but for
-    their leaders). ``dirty`` lanes changed since they were last filed: planned next."""
+    their leaders). ``dirty`` lanes changed since they were last filed: planned next.
+    ``walks``: per pool, how many lanes its grant may walk in a tick (its slots, plus its
+    lanes taking more than one slot); 1 for a pool not given."""
 
-    def __init__(self, by_order: bool) -> None:
+    def __init__(self, by_order: bool, walks: dict[str, int] | None = None) -> None:
         #: The legacy registry picker ranks by declared order alone (no staleness).
         self.by_order = by_order
+        self.walks = walks or {}
         self.active: set[str] = set()
         self.waiting: dict[str, tuple[Rank, int]] = {}
         self.dirty: set[str] = set()
@@ -81,7 +91,8 @@ class LaneIndex:
         self._seq = 0
         self._looks: list[_Entry] = []
         self._wakes: list[_Entry] = []
-        self._groups: dict[tuple[int, float], list[tuple[tuple[object, ...], int, str]]] = {}
+        self._groups: dict[tuple[str, int, float, float],
+                           list[tuple[tuple[object, ...], int, str]]] = {}
 
     def file(self, lane: str, look: float, wake: float | None, now: float,
              rank: Rank | None = None) -> None:
@@ -98,7 +109,8 @@ class LaneIndex:
                 self.active.add(lane)
                 return
             self.waiting[lane] = (rank, version)
-            group = (0, 0.0) if self.by_order else (rank.tier, rank.cadence_s)
+            group = (("", 0, 0.0, 1.0) if self.by_order
+                     else (rank.pool, rank.tier, rank.cadence_s, rank.weight))
             key: tuple[object, ...] = ((rank.order, rank.name) if self.by_order else
                                        (rank.last is not None, rank.last or 0.0, rank.order,
                                         rank.name))
@@ -130,27 +142,37 @@ class LaneIndex:
         return wakes[0][0] if wakes else None
 
     def leaders(self, now: float) -> list[str]:
-        """The waiting lanes the picker could rank first at ``now``: the first of each group,
-        and any whose ratio ties with it within :data:`RANK_SLACK`."""
+        """The waiting lanes a pool's grant could walk at ``now``: per pool, the first of its
+        walk's length (:attr:`walks`; the lease: 1) in rank order, and any whose ratio ties
+        with the last of them within :data:`RANK_SLACK`."""
         if not self.waiting:
             return []
-        found: list[tuple[int, float, str]] = []
-        for (tier, _), heap in self._groups.items():
-            found.extend((tier, ratio, lane) for ratio, lane in self._group_top(heap, now))
+        found: dict[str, list[tuple[int, float, str]]] = {}
+        for (pool, tier, _, _), heap in self._groups.items():
+            walk = self.walks.get(pool, 1)
+            found.setdefault(pool, []).extend(
+                (tier, ratio, lane) for ratio, lane in self._group_top(heap, now, walk))
         if sum(map(len, self._groups.values())) > 4 * len(self.waiting) + 64:
             self._compact()
-        if not found:
-            return []
         if self.by_order:
-            return [lane for _, _, lane in found]
-        tier = min(t for t, _, _ in found)
-        best = max(r for t, r, _ in found if t == tier)
-        floor = best - RANK_SLACK * max(1.0, abs(best)) if best != math.inf else best
-        return [lane for t, r, lane in found if t == tier and r >= floor]
+            return [lane for lanes in found.values() for _, _, lane in lanes]
+        out: list[str] = []
+        for pool, lanes in found.items():
+            lanes.sort(key=lambda x: (x[0], -x[1]))
+            walk = self.walks.get(pool, 1)
+            if len(lanes) <= walk:
+                out.extend(lane for _, _, lane in lanes)
+                continue
+            tier, last = lanes[walk - 1][0], lanes[walk - 1][1]
+            floor = _floor(last)
+            out.extend(lane for i, (t, r, lane) in enumerate(lanes)
+                       if i < walk or (t == tier and r >= floor))
+        return out
 
     def _group_top(self, heap: list[tuple[tuple[object, ...], int, str]],
-                   now: float) -> list[tuple[float, str]]:
-        """The group's first valid lane and those tying with it (put back afterwards)."""
+                   now: float, walk: int = 1) -> list[tuple[float, str]]:
+        """The group's first ``walk`` valid lanes and those tying with the last of them (put
+        back afterwards)."""
         taken: list[tuple[tuple[object, ...], int, str]] = []
         out: list[tuple[float, str]] = []
         floor: float | None = None
@@ -161,11 +183,10 @@ class LaneIndex:
                 heapq.heappop(heap)  # stale: the lane was filed again or left
                 continue
             ratio = state[0].ratio(now)
-            if floor is None:
-                floor = ratio - RANK_SLACK * max(1.0, abs(ratio)) if ratio != math.inf \
-                    else ratio
-            elif self.by_order or ratio < floor:
+            if len(out) >= walk and (self.by_order or floor is None or ratio < floor):
                 break
+            if len(out) == walk - 1:
+                floor = _floor(ratio)
             out.append((ratio, entry[2]))
             taken.append(heapq.heappop(heap))
         for entry in taken:
@@ -182,6 +203,11 @@ class LaneIndex:
                 self._groups[group] = live
             else:
                 del self._groups[group]
+
+
+def _floor(ratio: float) -> float:
+    """Ratios at or above this tie with ``ratio`` (within :data:`RANK_SLACK`)."""
+    return ratio - RANK_SLACK * max(1.0, abs(ratio)) if ratio != math.inf else ratio
 
 
 def check_plans(part: Plan, full: Plan, lease: LeaseView | None, now: float,

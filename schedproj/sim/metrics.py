@@ -8,11 +8,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from schedproj.core.lanes import LaneSpec
+from schedproj.core.schedules import calendar_ratio
 from schedproj.sim.engine import LaneTrace, SimRun
 from schedproj.sim.model import Durations, Scenario, feed_order
+from schedproj.sim.pools import PoolMetrics, pool_metrics
+
+#: A calendar lane's ratio over a segment is split at every fire time in it; past this many
+#: pieces per segment the rest is one piece (a minutely schedule over days of starvation).
+MAX_PIECES = 100_000
 
 #: Outcomes that count as an achieved run (a failed run achieved nothing).
 ACHIEVED = ("completed", "yielded")
@@ -51,8 +58,39 @@ def ratio_time_quantile(segments: Sequence[tuple[float, float, float]], cadence:
     """Time-weighted quantile of the staleness ratio over [0, horizon]: the smallest x such
     that the ratio exceeds x during at most (1 - q) of the time. Outside the segments the
     ratio is 0. Exact up to the bisection's 1e-9 relative tolerance."""
-    budget = (1.0 - q) * horizon
     lines = [((s - o) / cadence, (e - o) / cadence, e - s) for o, s, e in segments if e > s]
+    return lines_time_quantile(lines, horizon, q)
+
+
+def calendar_lines(spec: LaneSpec, segments: Iterable[tuple[float, float, float]]
+                   ) -> list[tuple[float, float, float]]:
+    """A calendar lane's staleness ratio over its segments as straight pieces (ratio at the
+    start, ratio just before the end, seconds): the picker's ratio
+    (``schedules.calendar_ratio``, of a lane last run at the segment's origin) is a straight
+    line between two fire times — its first missed fire and the period around now stay the
+    same — so each piece runs from a fire time (or the segment's start) to the next, and its
+    end is read off the line through its start and middle."""
+    times = spec.calendar
+    assert times is not None
+    lines = []
+    for origin, start, end in segments:
+        last = None if origin == -math.inf else origin
+        t0, pieces = start, 0
+        while t0 < end:
+            pieces += 1
+            t1 = min(times.next_fire(t0), end) if pieces < MAX_PIECES else end
+            a = calendar_ratio(times, last, t0)
+            mid = calendar_ratio(times, last, (t0 + t1) / 2)
+            lines.append((a, a + 2 * (mid - a), t1 - t0))
+            t0 = t1
+    return lines
+
+
+def lines_time_quantile(lines: Sequence[tuple[float, float, float]], horizon: float,
+                        q: float) -> float:
+    """:func:`ratio_time_quantile` of a ratio given as straight pieces (ratio at the start,
+    ratio at the end, seconds)."""
+    budget = (1.0 - q) * horizon
 
     def above(x: float) -> float:
         total = 0.0
@@ -265,6 +303,9 @@ class Metrics:
     deferrals: dict[str, int]
     expired_gates: int
     lanes: tuple[LaneMetrics, ...]
+    #: Per pool, when the scenario declares pools beyond the default (left out of the JSON
+    #: when it declares none).
+    pools: dict[str, PoolMetrics] = field(default_factory=dict)
 
     def lane(self, name: str) -> LaneMetrics:
         for lm in self.lanes:
@@ -273,7 +314,10 @@ class Metrics:
         raise KeyError(name)
 
     def as_dict(self) -> dict[str, Any]:
-        return json_dict(asdict(self))
+        out = json_dict(asdict(self))
+        if not self.pools:
+            del out["pools"]
+        return out
 
 
 def json_dict(value: dict[str, Any]) -> dict[str, Any]:
@@ -292,18 +336,41 @@ def json_safe(value: Any) -> Any:
     return value
 
 
+def fires_within(spec: LaneSpec, horizon: float) -> int:
+    """A calendar lane's fire times in (0, horizon], plus the one it is due for at 0."""
+    times = spec.calendar
+    assert times is not None
+    count, fire = 1, times.next_fire(0.0)
+    while fire <= horizon:
+        count, fire = count + 1, times.next_fire(fire)
+    return count
+
+
+def _ratio_figures(trace: LaneTrace, horizon: float) -> tuple[float, float, float]:
+    """(entitled runs, maximal ratio, p99 ratio): a cadence lane's from its cadence, a
+    calendar lane's from its fire times and the picker's calendar ratio."""
+    spec = trace.spec
+    if spec.calendar is None:
+        cadence = spec.cadence_s
+        return (horizon / cadence, ratio_max(trace.segments, cadence),
+                ratio_time_quantile(trace.segments, cadence, horizon, 0.99))
+    lines = calendar_lines(spec, trace.segments)
+    return (float(fires_within(spec, horizon)), max((b for _, b, _ in lines), default=0.0),
+            lines_time_quantile(lines, horizon, 0.99))
+
+
 def lane_metrics(trace: LaneTrace, horizon: float) -> LaneMetrics:
     spec = trace.spec
     cadence = spec.cadence_s
     outcomes = [o for _, _, o in trace.runs]
     heavy = spec.heavy
+    entitled, worst, p99 = _ratio_figures(trace, horizon)
     return LaneMetrics(
         name=trace.name, kind=spec.kind.value, cadence_s=cadence, runs=len(trace.runs),
-        achieved=sum(o in ACHIEVED for o in outcomes), entitled=horizon / cadence,
+        achieved=sum(o in ACHIEVED for o in outcomes), entitled=entitled,
         yields=outcomes.count("yielded"), failures=outcomes.count("failed"),
         items_done=trace.items_done, final_backlog=trace.final_backlog,
-        max_ratio=ratio_max(trace.segments, cadence),
-        p99_ratio=ratio_time_quantile(trace.segments, cadence, horizon, 0.99),
+        max_ratio=worst, p99_ratio=p99,
         longest_starvation_s=max(trace.starvation, default=0.0),
         dispatches=trace.dispatches,
         light_delay_p50_s=None if heavy else percentile(trace.light_delays, 50),
@@ -339,6 +406,9 @@ def summarize(run: SimRun, bound: LowerBound | None = None) -> Metrics:
     starve_lane, starve = _argmax((lm.name, lm.longest_starvation_s) for lm in lanes)
     pending = run.held_s + run.idle_due_s
     drain = run.drained_at
+    pools = pool_metrics(run, [(lm.name, t.spec.backlog_driven, lm.achieved / lm.entitled,
+                                lm.max_ratio, t.spec.pool)
+                               for lm, t in zip(lanes, traces, strict=True) if t.spec.heavy])
     return Metrics(
         variant=run.variant.label, drained=drain is not None, drain_s=drain,
         lower_bound_s=bound.total_s,
@@ -351,7 +421,7 @@ def summarize(run: SimRun, bound: LowerBound | None = None) -> Metrics:
         busy_fraction=run.held_s / pending if pending > 0 else None,
         jain=jain(fair), falsifier=run.falsifier, falsifier_episodes=run.falsifier_episodes,
         light_behind_light=run.light_behind_light, decisions=run.decisions,
-        deferrals=run.deferrals, expired_gates=run.expired_gates, lanes=lanes,
+        deferrals=run.deferrals, expired_gates=run.expired_gates, lanes=lanes, pools=pools,
     )
 
 
@@ -359,9 +429,12 @@ __all__ = [
     "LaneMetrics",
     "LowerBound",
     "Metrics",
+    "calendar_lines",
+    "fires_within",
     "jain",
     "json_dict",
     "json_safe",
+    "lines_time_quantile",
     "lower_bound",
     "percentile",
     "ratio_max",

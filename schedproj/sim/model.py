@@ -18,6 +18,7 @@ from schedproj.core import defaults
 from schedproj.core.errors import ConfigurationError
 from schedproj.core.lanes import LaneSpec, Profile
 from schedproj.core.picker import Policy
+from schedproj.core.pools import DEFAULT_POOL, Pool
 from schedproj.core.pressure import DEFAULT_MIN_HOLD_S, DEFAULT_TARGET_RATIO, PressureRule
 
 #: The pressure rule beat runs by default (``SCHEDPROJ_PRESSURE_YIELD`` and its two settings,
@@ -109,11 +110,15 @@ class Scenario:
     #: variants model the original system, which had no pressure yielding, and never use it.
     pressure: PressureRule | None = BEAT_PRESSURE
     description: str = ""
+    #: Pools beyond the default (``core.pools.Pool``): a heavy lane naming one runs on its
+    #: slots (``LaneSpec.pool``, ``slots``, ``weight``); the rest share the one lease.
+    pools: tuple[Pool, ...] = ()
     #: Free-form facts about how the scenario was built (shown in the JSON report).
     params: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lanes", tuple(self.lanes))
+        object.__setattr__(self, "pools", tuple(self.pools))
         object.__setattr__(self, "arrivals", tuple(sorted(self.arrivals,
                                                           key=lambda a: (a.at_s, a.lane))))
         validate(self)
@@ -291,6 +296,25 @@ def feed_order(lanes: Iterable[LaneModel]) -> list[str]:
     return order
 
 
+def _check_pools(s: Scenario) -> None:
+    """Every heavy lane's pool is declared and has the slots it takes."""
+    slots = {DEFAULT_POOL: 1}
+    for pool in s.pools:
+        if not isinstance(pool, Pool) or pool.name in slots:
+            raise SimError(f"scenario {s.name!r}: pool {pool!r} is declared twice or is not a "
+                           f"Pool. Fix: declare each pool once, as Pool(name, slots)")
+        slots[pool.name] = pool.slots
+    for m in s.lanes:
+        spec = m.spec
+        if spec.heavy and spec.pool not in slots:
+            raise _bad(m.name, f"names pool {spec.pool!r}, declared nowhere",
+                       f"declare it (\"pools\": {{\"{spec.pool}\": 2}}) or name one of "
+                       f"{', '.join(sorted(slots))}")
+        if spec.heavy and spec.slots > slots[spec.pool]:
+            raise _bad(m.name, f"takes {spec.slots} slots of pool {spec.pool!r}, which has "
+                       f"{slots[spec.pool]}", "give it at most the pool's slots")
+
+
 def validate(s: Scenario) -> None:
     """Reject scenarios the simulator cannot run, naming the lane or field and the fix."""
     for what, value in (("tick_s", s.tick_s), ("hold_cap_s", s.hold_cap_s),
@@ -309,6 +333,7 @@ def validate(s: Scenario) -> None:
         _check_numbers(m)
         _check_links(m, names)
     feed_order(s.lanes)
+    _check_pools(s)
     heavy = ", ".join(sorted(n for n, m in names.items() if m.spec.heavy))
     for a in s.arrivals:
         if a.lane not in names or not names[a.lane].spec.heavy:

@@ -38,21 +38,37 @@ class Comparison:
                 return m
         raise KeyError(label)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self, runs: bool = False) -> dict[str, Any]:
+        """The figures of every variant; ``runs``: each variant also lists every run's start
+        (:func:`run_starts`)."""
         s = self.scenario
+        variants = [m.as_dict() for m in self.metrics]
+        if runs:
+            for row in variants:
+                row["runs"] = run_starts(self.runs[row["variant"]])
         return json_dict({
             "scenario": scenario_dict(s), "seed": self.seed,
             "lower_bound": asdict(self.bound),
-            "variants": [m.as_dict() for m in self.metrics],
+            "variants": variants,
         })
 
 
+def run_starts(run: SimRun) -> list[dict[str, Any]]:
+    """Every run's start, ``{"lane": ..., "start_s": ...}`` in seconds after virtual time zero
+    (the trace's ``start``), in order of start (then lane)."""
+    starts = sorted((t, name) for name, trace in run.lanes.items() for t in trace.starts)
+    return [{"lane": name, "start_s": t} for t, name in starts]
+
+
 def scenario_dict(s: Scenario) -> dict[str, Any]:
-    return {"name": s.name, "description": s.description, "horizon_s": s.horizon_s,
-            "tick_s": s.tick_s, "hold_cap_s": s.hold_cap_s, "profile": s.profile.value,
-            "wake_on_release": s.wake_on_release, "params": dict(s.params),
-            "lanes": [m.name for m in s.lanes],
-            "pressure": None if s.pressure is None else asdict(s.pressure)}
+    out = {"name": s.name, "description": s.description, "horizon_s": s.horizon_s,
+           "tick_s": s.tick_s, "hold_cap_s": s.hold_cap_s, "profile": s.profile.value,
+           "wake_on_release": s.wake_on_release, "params": dict(s.params),
+           "lanes": [m.name for m in s.lanes],
+           "pressure": None if s.pressure is None else asdict(s.pressure)}
+    if s.pools:
+        out["pools"] = {p.name: p.slots for p in s.pools}
+    return out
 
 
 def compare(scenario: Scenario, seed: int | str = 1,
@@ -221,7 +237,24 @@ def comparison_tables(c: Comparison) -> list[Table]:
             cells.append(f"{lm.runs} · {lm.max_ratio:.2f} · {lm.p99_ratio:.2f} · "
                          f"{fmt_s(lm.longest_starvation_s)}")
         lanes.add_row(escape(f"{lm0.name} ({lm0.kind})"), *map(escape, cells))
-    return [main, lanes]
+    return [main, lanes, *pool_tables(c.metrics)]
+
+
+def pool_tables(metrics: Sequence[Metrics]) -> list[Table]:
+    """Per pool (when the scenario declares pools): slots, utilisation, Jain over its lanes
+    and its worst staleness ratio, one column per variant."""
+    if not metrics or not metrics[0].pools:
+        return []
+    table = Table(title="per pool: slots · utilisation · Jain · max ratio (lane)")
+    table.add_column("pool", no_wrap=True)
+    for m in metrics:
+        table.add_column(m.variant)
+    for name, first in metrics[0].pools.items():
+        cells = [f"{first.slots} · {m.pools[name].utilisation:.3f} · "
+                 f"{_num(m.pools[name].jain, 3)} · {m.pools[name].max_ratio:.2f} "
+                 f"({m.pools[name].max_ratio_lane or '-'})" for m in metrics]
+        table.add_row(escape(name), *map(escape, cells))
+    return [table]
 
 
 def sweep_table(sw: Sweep) -> Table:
@@ -249,4 +282,4 @@ def print_tables(tables: Sequence[Table], out: TextIO) -> None:
 
 
 __all__ = ["Comparison", "Sweep", "SweepPoint", "compare", "comparison_tables", "fmt_s",
-           "print_tables", "sweep", "sweep_table"]
+           "print_tables", "run_starts", "sweep", "sweep_table"]

@@ -35,6 +35,7 @@ from schedproj.core.lanes import (
     LaneSpec,
     Profile,
 )
+from schedproj.core.pools import DEFAULT_POOL, Pool, PoolError
 from schedproj.core.schedules import FireTimes, ShiftedFireTimes, fire_times
 from schedproj.sim.model import BEAT_PRESSURE, Arrival, Blocked, LaneModel, Scenario, SimError
 
@@ -42,12 +43,12 @@ from schedproj.sim.model import BEAT_PRESSURE, Arrival, Blocked, LaneModel, Scen
 TRACE_VERSION = 1
 
 TOP_FIELDS = {"version", "name", "description", "tick_s", "hold_cap_s", "horizon_s", "profile",
-              "wake_on_release", "lanes", "arrivals", "pressure", "start"}
+              "wake_on_release", "lanes", "arrivals", "pressure", "start", "pools"}
 LANE_FIELDS = {"name", "kind", "cadence_s", "run_s", "item_s", "batch", "backlog",
                "blocked_backlog", "skip_s", "feeds", "priority0", "order", "backlog_driven",
                "deployment", "gates", "retry_after_failure_s", "retry_window_s",
                "last_run_ago_s", "jitter", "fail_prob", "family", "cron", "timezone",
-               "catchup_window_s"}
+               "catchup_window_s", "pool", "weight", "slots"}
 #: The instant a trace's virtual time zero stands for when it names none (``start``); calendar
 #: lanes fire at their wall-clock times counted from it. A Monday, 00:00 UTC.
 DEFAULT_START = "2027-01-04T00:00:00Z"
@@ -195,7 +196,8 @@ def parse_trace(text: str, source: str = "<trace>") -> Scenario:
         where_of[model.name] = f"{where} ({model.name})"
         parsed.append((model, lane))
     start = _start(r, top)
-    lanes = _check_declarations(r, parsed, where_of, start)
+    pools = _pools(r, top)
+    lanes = _check_declarations(r, parsed, where_of, start, pools)
     arrivals = tuple(_arrival(r, raw, f"arrivals[{i}]")
                      for i, raw in enumerate(r.array(top.get("arrivals", []), "arrivals")))
     try:
@@ -211,7 +213,7 @@ def parse_trace(text: str, source: str = "<trace>") -> Scenario:
             profile=r.choice(top, "profile", "(top level)", Profile,
                              [p.value for p in Profile], Profile.LOCAL.value),
             wake_on_release=r.boolean(top, "wake_on_release", "(top level)", True),
-            pressure=_pressure(r, top),
+            pressure=_pressure(r, top), pools=pools,
             params={"source": source, "start": start},
         )
     except TraceError:
@@ -260,7 +262,7 @@ def _lane(r: _Reader, raw: Any, where: str) -> tuple[LaneModel, Lane]:
     extra: dict[str, Any] = ({"jitter": family.jitter, "members": _FamilyMembers(family)}
                              if family is not None else {})
     lane = lane_type(
-        **extra, **calendar, name=name, kind=kind,
+        **extra, **calendar, **_pool_options(r, d, where), name=name, kind=kind,
         cadence_s=None if calendar else r.number(d, "cadence_s", where, positive=True),
         priority0=r.boolean(d, "priority0", where, False),
         deployment=r.choice(d, "deployment", where, DeploymentClass,
@@ -375,6 +377,34 @@ def _arrival(r: _Reader, raw: Any, where: str) -> Arrival:
                    items=r.integer(a, "items", where, 0))
 
 
+def _pool_options(r: _Reader, d: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """A lane's ``pool``, ``weight`` and ``slots``, as given (the lane declaration checks
+    them as it checks a real lane's)."""
+    out: dict[str, Any] = {}
+    if "pool" in d:
+        out["pool"] = r.string(d, "pool", where)
+    if "weight" in d:
+        out["weight"] = r.number(d, "weight", where, positive=True)
+    if "slots" in d:
+        out["slots"] = r.integer(d, "slots", where, 1, minimum=1)
+    return out
+
+
+def _pools(r: _Reader, top: Mapping[str, Any]) -> tuple[Pool, ...]:
+    """``"pools": {"gpu": 4}``: the pools beyond the default, with their slots."""
+    raw = top.get("pools", {})
+    if not isinstance(raw, dict):
+        raise r.fail("pools", f"expected a JSON object, found {_kind(raw)}",
+                     "write \"pools\": {\"gpu\": 4}")
+    pools = []
+    for name, slots in raw.items():
+        try:
+            pools.append(Pool(name, slots))
+        except PoolError as exc:
+            raise r.fail(f"pools.{name}", exc.problem, exc.fix) from None
+    return tuple(pools)
+
+
 def _start(r: _Reader, top: Mapping[str, Any]) -> float:
     """The ``start`` instant (ISO 8601 with a zone, e.g. ``2027-03-27T00:00:00Z``) in epoch
     seconds: what virtual time zero stands for."""
@@ -390,7 +420,8 @@ def _start(r: _Reader, top: Mapping[str, Any]) -> float:
 
 
 def _check_declarations(r: _Reader, parsed: list[tuple[LaneModel, Lane]],
-                        where_of: Mapping[str, str], start: float = 0.0) -> list[LaneModel]:
+                        where_of: Mapping[str, str], start: float = 0.0,
+                        pools: tuple[Pool, ...] = ()) -> list[LaneModel]:
     """Validate the declarations with the project's own registry code (cadence, gates naming
     unknown lanes or forming a cycle, priority-0 on a light lane, retry settings) and put the
     specs it builds into the models. Calendar lanes' fire times are counted in seconds after
@@ -398,12 +429,18 @@ def _check_declarations(r: _Reader, parsed: list[tuple[LaneModel, Lane]],
     from schedproj.core.laneset import build_lane_set
 
     tasks = {f"trace.{model.name}": SimpleNamespace(lane=lane) for model, lane in parsed}
+    declared = {DEFAULT_POOL, *(p.name for p in pools)}
+    for model, lane in parsed:
+        if lane.pool is not None and lane.pool not in declared:
+            raise r.fail(where_of[model.name], f"names pool {lane.pool!r}, declared nowhere",
+                         f"declare it at the top level, \"pools\": {{\"{lane.pool}\": 2}}, "
+                         f"or name one of {', '.join(sorted(declared))}")
 
     def in_virtual_time(schedule: Any, zone: str) -> FireTimes:
         return ShiftedFireTimes(fire_times(schedule, zone), start)
 
     try:
-        lane_set = build_lane_set(tasks, converter=in_virtual_time)
+        lane_set = build_lane_set(tasks, converter=in_virtual_time, pools=pools)
     except LaneDeclarationError as exc:
         raise r.fail(where_of.get(exc.lane, f"lane {exc.lane!r}"), exc.problem,
                      exc.fix) from None
@@ -430,6 +467,9 @@ def _optional_fields(m: LaneModel) -> dict[str, Any]:
         "retry_window_s": m.spec.retry_window_s,
         "last_run_ago_s": m.last_run_ago_s, "jitter": m.jitter or None,
         "fail_prob": m.fail_prob or None,
+        "pool": m.spec.pool if m.spec.heavy and m.spec.pool != DEFAULT_POOL else None,
+        "weight": m.spec.weight if m.spec.weight != 1.0 else None,
+        "slots": m.spec.slots if m.spec.slots != 1 else None,
     }
     if m.blocked is not None:
         optional["blocked_backlog"] = {"count": m.blocked.count,
@@ -490,6 +530,8 @@ def scenario_to_trace(s: Scenario) -> dict[str, Any]:
     # Written even when off (null): an absent rule reads back as beat's default.
     out["pressure"] = None if s.pressure is None else {"target_ratio": s.pressure.target_ratio,
                                                        "min_hold_s": s.pressure.min_hold_s}
+    if s.pools:
+        out["pools"] = {p.name: p.slots for p in s.pools}
     if "start" in s.params:
         out["start"] = datetime.fromtimestamp(float(s.params["start"]), UTC).isoformat()
     if s.arrivals:
