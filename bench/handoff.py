@@ -33,6 +33,7 @@ import redis
 from celery import Celery
 
 from bench import handoff_trace
+from bench.cluster import Proc, process_cpu_seconds
 from bench.stats import ratio, summary
 from schedproj.core import defaults
 
@@ -54,6 +55,8 @@ class FloorProbe:
         self.client = redis.Redis.from_url(url, decode_responses=True)
         self.key, self.pause_s = floor_key(prefix), pause_s
         self.samples: list[dict[str, float]] = []
+        #: What each ``measure`` cost per sample (CPU, Redis commands).
+        self.costs: list[dict[str, Any]] = []
 
     def one(self) -> dict[str, float]:
         ping0 = time.perf_counter()
@@ -70,16 +73,25 @@ class FloorProbe:
         return {"published": run["published"], "start": run["start"], "rtt": rtt,
                 "publish_s": sent - published}
 
-    def measure(self, n: int, warmup: int = 3) -> list[dict[str, float]]:
+    def measure(self, n: int, warmup: int = 3,
+                procs: dict[str, Proc] | None = None) -> list[dict[str, float]]:
+        """``n`` samples; with ``procs``, also what they cost (:attr:`cost`)."""
         for _ in range(warmup):  # connections made, scripts and imports warm
             self.one()
+        server = redis_server_pid_of(self.client)
+        before = usage(self.client, procs or {}, server)
         taken = [self.one() for _ in range(n)]
+        self.costs.append(per_event(before, usage(self.client, procs or {}, server), n, n))
         self.samples += taken
         return taken
 
     def close(self) -> None:
         self.client.close()
         self.app.close()
+
+
+def redis_server_pid_of(client: redis.Redis) -> int | None:
+    return int(client.info("server")["process_id"])
 
 
 def floor_figures(samples: Sequence[dict[str, float]]) -> dict[str, Any]:
@@ -102,6 +114,44 @@ def against_floor(gap: dict[str, Any], floor: dict[str, Any]) -> dict[str, Any]:
     return {"median_over_floor": med, "p99_over_floor": p99,
             "goals": {"median_within_2x_floor": None if med is None else med <= 2.0,
                       "p99_within_4x_floor": None if p99 is None else p99 <= 4.0}}
+
+
+# -- what a hand-off costs: CPU and Redis commands --------------------------------------------
+
+#: Commands the benchmark itself sends (its polls, its probe's round trip and wait, the INFO
+#: read here): not counted.
+BENCH_COMMANDS = frozenset({"llen", "info", "ping", "blpop"})
+
+
+def usage(client: redis.Redis, procs: dict[str, Proc], server: int | None,
+          *, own_blpop: bool = True) -> dict[str, float]:
+    """CPU seconds so far of each process (a worker's pool children apart from its main
+    process) and of Redis, and the Redis commands processed so far less the benchmark's own
+    (with ``own_blpop`` False, BLPOP is counted: beat's wait on the wake list)."""
+    out: dict[str, float] = {}
+    for name, proc in procs.items():
+        total, main = proc.cpu_seconds(), process_cpu_seconds(proc.popen.pid)
+        out[name] = main
+        if name != "beat":
+            out[f"{name} pool child"] = total - main
+    out["redis"] = process_cpu_seconds(server) if server else 0.0
+    stats = client.info("commandstats")
+    skip = BENCH_COMMANDS - ({"blpop"} if not own_blpop else set())
+    out["commands"] = sum(int(v["calls"]) for k, v in stats.items()
+                          if k.removeprefix("cmdstat_") not in skip)
+    return out
+
+
+def per_event(before: dict[str, float], after: dict[str, float], events: int,
+              own_writes: int) -> dict[str, Any]:
+    """CPU milliseconds per event of each process and Redis commands per event, less the
+    benchmark's ``own_writes`` records."""
+    n = max(1, events)
+    return {"events": events,
+            "cpu_ms": {k: round((after[k] - before[k]) * 1000.0 / n, 3)
+                       for k in after if k != "commands"},
+            "redis_commands": round((after["commands"] - before["commands"] - own_writes) / n,
+                                    1)}
 
 
 # -- the breakdown ---------------------------------------------------------------------------
@@ -142,6 +192,8 @@ HANDOFF_PATH = (
                                                      "trip)"),
     ("body_start", "body_start", "worker child", "lease renewer thread started"),
 )
+#: The stamps every version of the path passes (the others may be merged away by a change).
+REQUIRED = frozenset({"blpop_return", "publish", "brpop_read", "prerun"})
 #: Stamps beside the path: the worker's reply to finish, when it could fetch again, beat's
 #: LPUSH reply and its return to waiting.
 SIDE_EVENTS = ("finish_done", "acked", "brpop_sent", "pushed", "wait")
@@ -181,9 +233,10 @@ def handoff_times(stamps: Sequence[Stamp], a: dict[str, Any],
     for key, event, _where, _stage in HANDOFF_PATH[1:-1]:
         ident = {"publish": defaults.HEAVY_QUEUE, "prerun": b["task"]}.get(event)
         t = _first(stamps, event, at, b["start"], ident)
-        if t is None:
+        if t is None and key in REQUIRED:
             return None
-        times[key] = at = t
+        if t is not None:  # a stamp the code under test no longer passes is left out
+            times[key] = at = t
     times["body_start"] = b["start"]
     for event in SIDE_EVENTS:
         ident = defaults.HEAVY_QUEUE if event == "pushed" else None
@@ -209,17 +262,24 @@ def floor_times(stamps: Sequence[Stamp], sample: dict[str, float]) -> dict[str, 
 
 def stage_table(timelines: Sequence[dict[str, float]],
                 path: Sequence[tuple[str, str, str, str]]) -> list[dict[str, Any]]:
-    """Per stage (the time from the previous stamp of the path to this one): median, p90 and
-    the median offset from the path's first stamp, in milliseconds."""
+    """Per stage (the time from the previous stamp of the path that a timeline has to this
+    one): how many timelines have it, its median and p90, and the median offset from the
+    path's first stamp, in milliseconds. A stamp no timeline has is left out."""
     rows = []
     first = path[0][0]
-    for (prev, *_), (key, event, where, stage) in itertools.pairwise(path):
-        spans = [tl[key] - tl[prev] for tl in timelines]
-        offsets = [tl[key] - tl[first] for tl in timelines]
-        rows.append({"stamp": event, "process": where, "stage": stage,
-                     "median_ms": round(statistics.median(spans) * 1000.0, 3),
-                     "p90_ms": summary(spans, 1000.0)["p90"],
-                     "offset_median_ms": round(statistics.median(offsets) * 1000.0, 3)})
+    for i, (key, event, where, stage) in enumerate(path[1:], start=1):
+        spans, offsets = [], []
+        for tl in timelines:
+            if key not in tl:
+                continue
+            prev = next(p[0] for p in reversed(path[:i]) if p[0] in tl)
+            spans.append(tl[key] - tl[prev])
+            offsets.append(tl[key] - tl[first])
+        if spans:
+            rows.append({"stamp": event, "process": where, "stage": stage, "n": len(spans),
+                         "median_ms": round(statistics.median(spans) * 1000.0, 3),
+                         "p90_ms": summary(spans, 1000.0)["p90"],
+                         "offset_median_ms": round(statistics.median(offsets) * 1000.0, 3)})
     return rows
 
 

@@ -19,7 +19,14 @@ from typing import Any
 import redis
 
 from bench.cluster import Cluster, process_cpu_seconds, redis_server_pid, scenario_env
-from bench.handoff import FloorProbe, against_floor, floor_figures
+from bench.handoff import (
+    FloorProbe,
+    against_floor,
+    floor_figures,
+    per_event,
+    redis_server_pid_of,
+    usage,
+)
 from bench.stats import ratio, summary
 from schedproj.core import defaults
 from schedproj.core.records import Outcome, RunRecord, encode
@@ -128,13 +135,19 @@ def handoff(url: str, opts: LiveOptions, *, wake: bool, idle_members: int = 0,
     wanted = samples + opts.warmup_runs + 1
     with fresh(url, "handoff", extra) as (cluster, client):
         seed_idle_members(client, idle_members)
-        cluster.worker("heavy", defaults.HEAVY_QUEUE, 1)
+        worker = cluster.worker("heavy", defaults.HEAVY_QUEUE, 1)
         probe = FloorProbe(url, PREFIX) if floor_samples else None
         if probe is not None:
-            probe.measure(floor_samples // 2)
+            probe.measure(floor_samples // 2, procs={"worker": worker})
         beat = cluster.fair_beat()
-        _wait_for_runs(cluster, client, wanted,
-                       60 + wanted * (opts.interval_s + opts.handoff_run_s) * 2)
+        budget = 60 + wanted * (opts.interval_s + opts.handoff_run_s) * 2
+        _wait_for_runs(cluster, client, opts.warmup_runs, budget)
+        procs, server = {"beat": beat, "worker": worker}, redis_server_pid_of(client)
+        before, recorded = usage(client, procs, server, own_blpop=False), client.llen(RUNS_KEY)
+        _wait_for_runs(cluster, client, wanted, budget)
+        runs_in_window = int(client.llen(RUNS_KEY)) - recorded
+        cost = per_event(before, usage(client, procs, server, own_blpop=False),
+                         runs_in_window, runs_in_window)
         done = heavy_runs(client)
         if probe is not None:
             stop_all([beat])  # the worker finishes its run and goes idle: the floor again
@@ -142,11 +155,17 @@ def handoff(url: str, opts: LiveOptions, *, wake: bool, idle_members: int = 0,
             # grant it made and never sent leaves the worker idle too.
             wait_for(lambda: not client.llen(defaults.HEAVY_QUEUE), 30, "the heavy queue empty")
             time.sleep(opts.handoff_run_s + 0.5)
-            probe.measure(floor_samples - floor_samples // 2)
+            probe.measure(floor_samples - floor_samples // 2, procs={"worker": worker})
             probe.close()
-    return _handoff_figures(opts, wake, idle_members, done[opts.warmup_runs:wanted],
-                            probe.samples if probe is not None else None,
-                            keep_raw=trace_dir is not None)
+    out = _handoff_figures(opts, wake, idle_members, done[opts.warmup_runs:wanted],
+                           probe.samples if probe is not None else None,
+                           keep_raw=trace_dir is not None)
+    # Per hand-off (each run's own record, pushed by the bench, not counted) and per floor
+    # sample: what each process spent, and the Redis commands sent.
+    out["cost_per_handoff"] = cost
+    if probe is not None:
+        out["floor"]["cost_per_sample"] = probe.costs
+    return out
 
 
 def _wait_for_runs(cluster: Cluster, client: redis.Redis, wanted: int, budget: float) -> None:
