@@ -352,6 +352,8 @@ class PressurePublisher:
 
     def __init__(self, rt: Runtime, lanes: TickLanes) -> None:
         self.rt, self.lanes = rt, lanes
+        #: Pools beyond the default are declared (``lanes`` None: a lane set not known).
+        self.pooled = lanes is not None and len(lanes.lanes.pools) > 1
         #: The pressure this beat last published, if it published.
         self.published: tuple[Pressure | None] | None = None
         self.failing = False
@@ -367,7 +369,7 @@ class PressurePublisher:
         ``granted`` is the lease this tick granted: the lanes it deferred press on that hold.
         (Measured on the lease as read — free — they pressed on nothing, and the ticks after
         skip them while the same lease is held: the holder never heard of them.)"""
-        if len(self.lanes.lanes.pools) > 1:  # pools beyond the default: their lanes press
+        if self.pooled:  # pools beyond the default are declared: their lanes press
             decision = _default_pool_only(decision)  # on their own pools' holders only
         pressure = measure(decision, states, granted or snap.lease, now,
                            legacy=self.rt.settings.policy is Policy.REGISTRY)
