@@ -333,6 +333,34 @@ def breakdown_section(url: str, opts: Any) -> dict[str, Any]:
     return traced
 
 
+def profiled(url: str, opts: Any, top: int = 25) -> dict[str, Any]:
+    """The hand-off scenario (untraced) with beat's ticks and the worker's lane calls
+    profiled in CPU time: each process's functions by own CPU time, per hand-off."""
+    import pstats
+
+    from bench import live
+
+    with tempfile.TemporaryDirectory(prefix="bench-profile-") as tmp:
+        result = live.handoff(url, opts, wake=True, profile_dir=Path(tmp))
+        out: dict[str, Any] = {"gap_ms": result["gap_ms"], "profiles": []}
+        for path in sorted(Path(tmp).glob("*.prof")):
+            stats = pstats.Stats(str(path))
+            rows = sorted(stats.stats.items(),  # type: ignore[attr-defined]
+                          key=lambda kv: kv[1][2], reverse=True)
+            entry = [v[1] for k, v in rows if (k[0].endswith("on_celery/beat.py") and k[2] ==
+                                               "tick") or (k[0].endswith("on_celery/task.py")
+                                                           and k[2] == "__call__")]
+            calls = max(1, max(entry, default=1))
+            out["profiles"].append({
+                "calls": calls, "cpu_ms_per_call": round(
+                    stats.total_tt * 1000.0 / calls, 3),  # type: ignore[attr-defined]
+                "top": [{"function": f"{Path(k[0]).name}:{k[1]}({k[2]})",
+                         "own_ms_per_call": round(v[2] * 1000.0 / calls, 4),
+                         "cumulative_ms_per_call": round(v[3] * 1000.0 / calls, 4)}
+                        for k, v in rows[:top]]})
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m bench.handoff``: the traced hand-off on a private Redis, as JSON and
     tables."""
@@ -344,21 +372,25 @@ def main(argv: list[str] | None = None) -> int:
                         "samples, half before beat starts and half after it stopped)")
     parser.add_argument("--plain", action="store_true", help="the gap and the floor only, "
                         "untraced (to compare two versions of the code, run after run)")
+    parser.add_argument("--profile", action="store_true", help="profile beat's ticks and "
+                        "the worker's lane calls in CPU time instead (cProfile)")
     parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args(argv)
     opts = live.LiveOptions(handoff_samples_on=args.samples,
                             handoff_floor_samples=args.samples)
     load = [round(x, 2) for x in os.getloadavg()]
     with private_redis() as url:
-        if args.plain:
+        if args.profile:
+            result = profiled(url, opts)
+        elif args.plain:
             result = live.handoff(url, opts, wake=True, floor_samples=args.samples)
         else:
             result = breakdown_section(url, opts)
     result["load_average_at_start_and_end"] = [load, [round(x, 2) for x in os.getloadavg()]]
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(result, indent=2) + "\n")
-    sys.stdout.write(report.floor_md(result) if args.plain
-                     else report.handoff_breakdown_md(result))
+    sys.stdout.write(report.profile_md(result) if args.profile else report.floor_md(result)
+                     if args.plain else report.handoff_breakdown_md(result))
     return 0
 
 

@@ -143,6 +143,38 @@ def install(directory: str) -> None:
     signals.task_prerun.connect(prerun, weak=False)
 
 
+def profile(directory: str, every: int = 50) -> None:
+    """Profile beat's ticks and the worker's lane calls in CPU time (``BENCH_PROFILE_DIR``):
+    each process dumps its cProfile stats to ``<dir>/<pid>.prof`` every ``every`` calls (a
+    benchmark process is stopped, not asked to exit)."""
+    import cProfile
+
+    from schedproj.on_celery.beat import FairScheduler
+    from schedproj.on_celery.task import LaneTask
+
+    profiler = cProfile.Profile(time.process_time)
+    calls = [0]
+
+    def wrap(owner: Any, name: str) -> None:
+        original = getattr(owner, name)
+
+        @functools.wraps(original)
+        def profiled(*args: Any, **kwargs: Any) -> Any:
+            profiler.enable()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                profiler.disable()
+                calls[0] += 1
+                if calls[0] % every == 0:
+                    profiler.dump_stats(str(Path(directory) / f"{os.getpid()}.prof"))
+
+        setattr(owner, name, profiled)
+
+    wrap(FairScheduler, "tick")
+    wrap(LaneTask, "__call__")
+
+
 def read(directory: Path) -> list[tuple[float, str, str, int]]:
     """Every stamp of a traced run: (time, event, id, pid), in time order."""
     out: list[tuple[float, str, str, int]] = []

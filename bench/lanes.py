@@ -167,6 +167,8 @@ def _declare_floor() -> None:
 
 if os.environ.get("BENCH_TRACE_DIR"):
     handoff_trace.install(os.environ["BENCH_TRACE_DIR"])
+if os.environ.get("BENCH_PROFILE_DIR"):
+    handoff_trace.profile(os.environ["BENCH_PROFILE_DIR"])
 if SCENARIO in ("handoff", "light-delay"):
     for _name in heavy_names():
         _declare_heavy(_name)

@@ -115,12 +115,13 @@ def seed_idle_members(client: redis.Redis, n: int) -> None:
 
 def handoff(url: str, opts: LiveOptions, *, wake: bool, idle_members: int = 0,
             samples: int | None = None, floor_samples: int = 0,
-            trace_dir: Path | None = None) -> dict[str, Any]:
+            trace_dir: Path | None = None, profile_dir: Path | None = None) -> dict[str, Any]:
     """Heavy runs back to back while a backlog waits: next start minus previous end. With
     ``idle_members``, that many more lanes are declared (members of a family, never due).
     With ``floor_samples``, the floor is measured on the same worker, half before beat starts
     and half after it stopped (:mod:`bench.handoff`); with ``trace_dir``, every process
-    stamps the hand-off path there (:mod:`bench.handoff_trace`)."""
+    stamps the hand-off path there (:mod:`bench.handoff_trace`); with ``profile_dir``, beat's
+    ticks and the lane calls are profiled there."""
     if samples is None:
         samples = opts.handoff_samples_on if wake else opts.handoff_samples_off
     extra = {
@@ -131,6 +132,8 @@ def handoff(url: str, opts: LiveOptions, *, wake: bool, idle_members: int = 0,
     }
     if trace_dir is not None:
         extra["BENCH_TRACE_DIR"] = str(trace_dir)
+    if profile_dir is not None:  # beat's ticks and the lane calls in CPU time (cProfile)
+        extra["BENCH_PROFILE_DIR"] = str(profile_dir)
     # The last run's record is pushed by the run after it (bench.lanes): one more to wait for.
     wanted = samples + opts.warmup_runs + 1
     with fresh(url, "handoff", extra) as (cluster, client):

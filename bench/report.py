@@ -97,6 +97,18 @@ def floor_md(r: dict[str, Any]) -> str:
                   f"{fmt(vs['goals']['p99_within_4x_floor'])}).\n")
 
 
+def profile_md(r: dict[str, Any]) -> str:
+    """``bench.handoff --profile``: each profiled process's functions by own CPU time."""
+    out = f"Gap (profiled, so slowed): median {fmt(r['gap_ms']['median'])} ms\n"
+    for p in r["profiles"]:
+        out += (f"\n*{p['calls']} calls, {fmt(p['cpu_ms_per_call'])} ms of CPU each "
+                "(profiled)*\n\n" + table(
+                    ("function", "own ms per call", "cumulative ms per call"),
+                    [(x["function"], x["own_ms_per_call"], x["cumulative_ms_per_call"])
+                     for x in p["top"]]))
+    return out
+
+
 def handoff_breakdown_md(r: dict[str, Any]) -> str:
     """The traced hand-off: gap and floor, then the median of each stage of both paths."""
     b = r["breakdown"]
