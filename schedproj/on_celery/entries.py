@@ -239,8 +239,19 @@ class LoadedEntry:
             self.last_run_at, self.runs = state.last_run_at, state.total_run_count
 
     def info(self) -> str:
-        return json.dumps({"task": self.task, "schedule": self.schedule_key,
+        return json.dumps({"task": self.task, "schedule": self.shown_schedule(),
                            "source": self.source}, separators=(",", ":"))
+
+    def shown_schedule(self) -> str:
+        """Its schedule as operators see it: :attr:`schedule_key`, and the zone and catch-up
+        window it names itself (not the app's), e.g. ``<crontab: 30 2 * * * (m/h/dM/MY/d)>
+        in Europe/Berlin, catch-up 3600s``. Read without parsing its schedule."""
+        own: Any = self.own if isinstance(self.own, Mapping) else {}
+        zone, window = own.get("timezone"), own.get("catchup_window_s")
+        words = [f"in {zone}"] if isinstance(zone, str) and zone != self.zone else []
+        if isinstance(window, (int, float)) and not isinstance(window, bool):
+            words.append(f"catch-up {window:g}s")
+        return " ".join([self.schedule_key, ", ".join(words)]) if words else self.schedule_key
 
 
 def own_settings(own: Any, zone: str) -> tuple[str, float | None]:
@@ -466,9 +477,12 @@ def runtime_entry(name: str, raw: str, app: Any, where: str) -> LoadedEntry:
     except (ValueError, ConfigurationError) as exc:
         raise StateError(where, str(exc)) from None
     sched.app = app  # crontab.from_string builds an app-less schedule: use the app's clock
+    own = {key: value for key, value in (("timezone", definition.timezone),
+                                         ("catchup_window_s", definition.catchup_window_s))
+           if value is not None}
     return LoadedEntry(name, definition.task, sched, args=definition.args,
                        kwargs=definition.kwargs, options=definition.options, source="runtime",
-                       tz=app.timezone, raw=raw, zone=zone, calendar=calendar)
+                       tz=app.timezone, raw=raw, zone=zone, calendar=calendar, own=own or None)
 
 
 class BeatEntries:
