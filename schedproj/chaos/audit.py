@@ -411,13 +411,19 @@ def audit_entries(sends: Iterable[Mapping[str, Any]], runs: Iterable[Mapping[str
             (report.lost_with_broker if gone else report.undelivered).append(c.task)
     for name in {c.entry for c in claims} | set(intervals) | set(minutely):
         mine = [c for c in claims if c.entry == name]
-        _entry_counts(name, mine, unlogged, kills, report)
+        hidden = _entry_counts(name, mine, unlogged, kills, report)
         if name in intervals:
             _interval_entry(name, intervals[name], mine, window, slack_s, spans, lossy,
-                            faults, report)
+                            faults, hidden, report)
         elif name in set(minutely):
-            _minutely_entry(name, mine, window, slack_s, spans, lossy, faults, report)
+            _minutely_entry(name, mine, window, slack_s, spans, lossy, faults, hidden, report)
     return report
+
+
+def _hidden_between(since: float, until: float, hidden: Mapping[float, int]) -> int:
+    """How many claims the counts say were made after the claim at ``since`` and before the
+    one at ``until`` without a publish record: each stands for one due time in between."""
+    return sum(n for after, n in hidden.items() if since <= after < until)
 
 
 def _during(t: float, faults: list[tuple[float, str, float]], report: EntryAudit) -> None:
@@ -427,7 +433,7 @@ def _during(t: float, faults: list[tuple[float, str, float]], report: EntryAudit
 def _interval_entry(name: str, every: float, mine: list[Claim], window: tuple[float, float],
                     slack_s: float, spans: list[tuple[float, float]],
                     lossy: list[tuple[float, float]], faults: list[tuple[float, str, float]],
-                    report: EntryAudit) -> None:
+                    hidden: Mapping[float, int], report: EntryAudit) -> None:
     for a, b in itertools.pairwise(mine):
         if b.at - a.at < every - CLAIM_EPS_S:
             report.duplicate_due.append((name, a.at, b.at))
@@ -436,7 +442,10 @@ def _interval_entry(name: str, every: float, mine: list[Claim], window: tuple[fl
     points = [lo, *(c.at for c in mine if lo < c.at < hi), hi]
     for since, until in itertools.pairwise(points):
         excused = _covered(since, until, spans)
-        over = until - since - excused - (every + slack_s)
+        # A claim the counts account for (a beat killed between its claim and its publish, or
+        # between the publish and its record) holds an interval of its own.
+        over = until - since - excused - (every + slack_s) * (1 + _hidden_between(
+            since, until, hidden))
         if over <= 0:
             continue
         if over <= every and any(since < began < until for began, _ in lossy):
@@ -447,19 +456,27 @@ def _interval_entry(name: str, every: float, mine: list[Claim], window: tuple[fl
 
 def _minutely_entry(name: str, mine: list[Claim], window: tuple[float, float], slack_s: float,
                     spans: list[tuple[float, float]], lossy: list[tuple[float, float]],
-                    faults: list[tuple[float, str, float]], report: EntryAudit) -> None:
+                    faults: list[tuple[float, str, float]], hidden: Mapping[float, int],
+                    report: EntryAudit) -> None:
     by_minute: dict[float, list[Claim]] = defaultdict(list)
     for c in mine:
         by_minute[c.at // 60 * 60].append(c)
     for same_minute in by_minute.values():
         for a, b in itertools.pairwise(same_minute):
             report.duplicate_due.append((name, a.at, b.at))
+    # Claims the counts account for without a publish record (see _entry_counts), keyed by the
+    # recorded claim before them: each may stand for one unrecorded minute after that claim.
+    unrecorded = dict(hidden)
+    claimed_ats = sorted(c.at for c in mine)
     lo, hi = window
     for minute in range(int(lo // 60 + 1) * 60, int(hi - slack_s), 60):
         _during(minute, faults, report)
         claimed = by_minute.get(float(minute))
         if not claimed:
-            if any(began <= minute <= until for began, until in lossy):
+            before = max((at for at in claimed_ats if at < minute), default=None)
+            if before is not None and unrecorded.get(before, 0) > 0:
+                unrecorded[before] -= 1  # already counted by _entry_counts
+            elif any(began <= minute <= until for began, until in lossy):
                 report.skipped_after_loss.append((name, float(minute)))
             else:
                 report.missed.append((name, float(minute), float(minute), 0.0))
@@ -471,10 +488,16 @@ def _minutely_entry(name: str, mine: list[Claim], window: tuple[float, float], s
 
 
 def _entry_counts(name: str, mine: list[Claim], unlogged: list[Mapping[str, Any]],
-                  kills: list[float], report: EntryAudit) -> None:
+                  kills: list[float], report: EntryAudit) -> dict[float, int]:
     """Counts go up one per claim: a count skipped is a claim never published (unless its
     message ran unlogged); a count that goes back, other than a fresh start at 1, read a
-    state older than the last claim."""
+    state older than the last claim.
+
+    Returns, keyed by the due time of the recorded claim before them, how many claims were
+    made with no publish record that the fault bounds allow (a message that ran unlogged, a
+    claim lost with a beat killed before its publish): the due times they took are neither
+    missed nor late, they are accounted for here."""
+    hidden: dict[float, int] = {}
     known = [c for c in sorted(mine, key=lambda c: c.sent) if c.count is not None]
     for a, b in itertools.pairwise(known):
         assert a.count is not None and b.count is not None
@@ -485,6 +508,11 @@ def _entry_counts(name: str, mine: list[Claim], unlogged: list[Mapping[str, Any]
             continue
         quiet = sum(1 for r in unlogged
                     if str(r["entry"]) == name and a.sent < float(r["t"]) <= b.sent)
+        killed = any(a.sent <= k <= b.sent for k in kills)
+        allowed = min(quiet, b.count - a.count - 1)
         for missing in range(a.count + 1 + quiet, b.count):
-            killed = any(a.sent <= k <= b.sent for k in kills)
             (report.unsent_at_beat_kill if killed else report.unsent).append((name, missing))
+            allowed += killed
+        if allowed:
+            hidden[a.at] = hidden.get(a.at, 0) + allowed
+    return hidden

@@ -206,6 +206,29 @@ def test_a_claim_never_published_is_allowed_only_across_a_beat_kill() -> None:
     assert quiet.unsent == [] and quiet.unlogged_runs == ["quiet"]
 
 
+def test_a_due_time_whose_claim_died_with_beat_is_accounted_for_not_missed() -> None:
+    """A beat killed between a claim and its publish: that due time is not sent (documented),
+    and the count skipped says so; the minute (or interval) it took is not also a miss. A
+    minute lost with no count skipped, or a count skipped with no beat killed, still is."""
+    window = (0.0, 250.0)
+    lost = [sent("m", "m1", 60.2, 1), sent("m", "m3", 180.3, 3), sent("m", "m4", 240.1, 4)]
+    killed = entry_audit(lost, window=window, faults=[(120.1, "kill-beat", 123.0)])
+    assert killed.missed == [] and killed.unsent_at_beat_kill == [("m", 2)]
+    assert killed.violations == 0
+    unkilled = entry_audit(lost, window=window)
+    assert unkilled.unsent == [("m", 2)] and [m[:2] for m in unkilled.missed] == [("m", 120.0)]
+    no_gap = [sent("m", "m1", 60.2, 1), sent("m", "m3", 180.3, 2), sent("m", "m4", 240.1, 3)]
+    assert entry_audit(no_gap, window=window, faults=[(120.1, "kill-beat", 123.0)]).missed
+    # Two minutes gone, one count skipped: one is accounted for, the other is missed.
+    two = [sent("m", "m1", 60.2, 1), sent("m", "m4", 240.1, 3)]
+    report = entry_audit(two, window=window, faults=[(120.1, "kill-beat", 123.0)])
+    assert [m[:2] for m in report.missed] == [("m", 180.0)]
+    # An interval entry: the claim lost at the kill held one interval of the gap.
+    every = entry_audit(every_2s(0.5, 2.6, 6.8, 8.9, counts=[1, 2, 4, 5]),
+                        faults=[(4.7, "kill-beat", 4.75)])
+    assert every.missed == [] and every.unsent_at_beat_kill == [("e", 3)]
+
+
 def test_a_count_going_back_reads_a_state_older_than_the_last_claim() -> None:
     report = entry_audit(every_2s(0.5, 2.6, 4.7, 6.8, 8.9, counts=[1, 2, 3, 3, 4]))
     assert report.count_rollbacks == [("e", 3, 3)]
