@@ -14,7 +14,6 @@ Celery or pydantic (``LaneTask``, ``configure_app``, ``Settings``, ...) load on 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
@@ -46,15 +45,14 @@ except PackageNotFoundError:  # a bare checkout on PYTHONPATH, never installed
     __version__ = "0+unknown"
 
 if TYPE_CHECKING:
-    from celery import Celery
-
     from schedproj.on_celery.task import LaneTask, current_run
-    from schedproj.ops.apps import create_app
+    from schedproj.ops.apps import configure_app, create_app
     from schedproj.ops.runtime_entries import add_entry, list_entries, remove_entry
     from schedproj.settings import Settings
 
 #: Public names that live outside the pure core: where each one is loaded from on first use.
 _LAZY = {
+    "configure_app": "schedproj.ops.apps",
     "create_app": "schedproj.ops.apps",
     "LaneTask": "schedproj.on_celery.task",
     "current_run": "schedproj.on_celery.task",
@@ -63,20 +61,6 @@ _LAZY = {
     "remove_entry": "schedproj.ops.runtime_entries",
     "list_entries": "schedproj.ops.runtime_entries",
 }
-
-
-def configure_app(app: Celery, settings: Settings | None = None, *, watchdog: bool = False,
-                  pools: Iterable[Pool] | None = None) -> Celery:
-    """Fit ``app`` for lanes, keeping its own configuration (docs/adoption.md lists what is
-    touched, where and why); with ``watchdog``, declare the starvation watchdog lane on it
-    too; ``pools``: the pools its heavy lanes may name (``[Pool("gpu", slots=2)]``; the
-    setting ``SCHEDPROJ_POOLS`` wins over a pool of the same name). A bad pool is a
-    :class:`PoolError` naming it and the fix."""
-    from schedproj.ops.apps import configure_app as fit
-
-    if pools is not None:
-        app.schedproj_code_pools = tuple(pools)  # read with the lanes (on_celery.config)
-    return fit(app, settings, watchdog=watchdog)
 
 
 def __getattr__(name: str) -> Any:

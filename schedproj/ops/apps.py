@@ -7,21 +7,26 @@ operations lane (it reads telemetry and is a LaneTask); the Celery side's own co
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from celery import Celery
 
+from schedproj.core.pools import Pool
 from schedproj.on_celery import config
 from schedproj.ops.watchdog import register
 from schedproj.settings import Settings
 
 
-def configure_app(app: Celery, settings: Settings | None = None, *,
-                  watchdog: bool = False) -> Celery:
+def configure_app(app: Celery, settings: Settings | None = None, *, watchdog: bool = False,
+                  pools: Iterable[Pool] | None = None) -> Celery:
     """Fit ``app`` for lanes, keeping its own configuration (docs/adoption.md lists what is
     touched, where and why); with ``watchdog``, declare the starvation watchdog lane on it
-    too."""
+    too; ``pools``: the pools its heavy lanes may name (``[Pool("gpu", slots=2)]``; the
+    setting ``SCHEDPROJ_POOLS`` wins over a pool of the same name). A bad pool is a
+    :class:`~schedproj.core.pools.PoolError` naming it and the fix."""
     if watchdog:
         register(app)
-    return config.configure_app(app, settings)
+    return config.configure_app(app, settings, pools=pools)
 
 
 def create_app(settings: Settings | None = None) -> Celery:
