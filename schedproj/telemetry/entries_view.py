@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import redis
@@ -93,9 +94,22 @@ def _described(name: str, info: str | None, definition: str | None,
             d = EntryDefinition.decode(definition, f"{keys.entry_defs} field {name!r}")
         except StateError as exc:
             return "?", "?", "runtime", str(exc)
-        when = f"every {d.every_s:g}s" if d.every_s is not None else f"cron {d.cron}"
-        return d.task, when, "runtime (not yet read by beat)", ""
+        return d.task, _timing(d), "runtime (not yet read by beat)", ""
     return "?", "?", "?", f"{keys.entries_info} field {name!r} is not JSON"
+
+
+def _timing(d: EntryDefinition) -> str:
+    """A definition's schedule in the words ``schedproj entry add`` takes: every N s, a cron
+    expression (with its own zone and window when it names them) or a one-off instant."""
+    if d.every_s is not None:
+        return f"every {d.every_s:g}s"
+    if d.at is not None:
+        when = f"at {datetime.fromtimestamp(d.at, UTC).isoformat()}"
+    else:
+        when = f"cron {d.cron}" + (f" in {d.timezone}" if d.timezone else "")
+    if d.catchup_window_s is not None:
+        when += f", catch-up {d.catchup_window_s:g}s"
+    return when
 
 
 __all__ = ["EntriesView", "EntryRow", "read_entries"]
