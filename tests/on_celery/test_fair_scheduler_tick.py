@@ -270,3 +270,17 @@ def test_the_lanes_deferred_by_a_grant_press_on_that_hold_at_once(
         assert pressure["lane"] == "t.heavy-b", pressure
         assert pressure["fence"] == lease["fence"], "published for another hold"
     sched.close()
+
+
+def test_a_beat_new_to_the_lock_leaves_no_garbage_in_redis_lua_heap(
+        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis) -> None:
+    """Its full read's garbage would slow every later script call until Lua collected it a
+    step at a time (docs/performance.md, calendar lanes at scale): beat collects it at once."""
+    redis_client.eval("local t = {} for i = 1, 200000 do t[i] = {i, tostring(i)} end "
+                      "return #t", 0)  # the garbage of a full read of many lanes
+    assert redis_client.info("memory")["used_memory_lua"] > 10 * 2**20
+    sched = FairScheduler(app=build(key_prefix, three_lanes))
+    sched.tick()
+    assert sched.active
+    assert redis_client.info("memory")["used_memory_lua"] < 5 * 2**20
+    sched.close()
