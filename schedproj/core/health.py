@@ -8,13 +8,14 @@ the same from any machine.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 from schedproj.core.due import calendar_last_run, due_at
 from schedproj.core.lanes import LaneSpec, Profile, enabled_under, queue_for
+from schedproj.core.pools import DEFAULT_POOL
 from schedproj.core.records import LaneState, LeaseView
 from schedproj.core.views import view_lane
 
@@ -28,6 +29,10 @@ UNDISPATCHED_AFTER_S = 60.0
 #: work, or with no beat — so the posture is degraded. One miss is a late night; two in a row
 #: is a pattern, and with a daily schedule waiting for a third would take another day.
 MISSED_IN_A_ROW = 2
+#: A pool's waiters are named up to this many (the top-ranked first); all are counted. A
+#: family of 10,000 members in one pool would otherwise make every status read a list of
+#: 10,000 names.
+WAITERS_NAMED = 20
 
 
 class Posture(StrEnum):
@@ -51,6 +56,34 @@ class LeaseGauge:
     granted_at: float
     started_at: float | None
     held_s: float
+
+
+@dataclass(frozen=True)
+class SlotGauge:
+    """One busy slot of a pool: its index, the lane holding it (``""``: a record nobody can
+    read, which still counts as busy), its fence and how long it has been held."""
+
+    slot: int
+    holder: str
+    fence: int
+    granted_at: float
+    started_at: float | None
+    held_s: float
+
+
+@dataclass(frozen=True)
+class PoolGauge:
+    """A pool at one instant: its slots, the busy ones with their holders, and its waiters:
+    the lanes of the pool that are due, enabled, not paused and hold no slot, ranked as beat
+    ranks them (``waiting`` counts them all; ``waiters`` names the first
+    :data:`WAITERS_NAMED`)."""
+
+    pool: str
+    slots: int
+    busy: int
+    holders: tuple[SlotGauge, ...]
+    waiting: int
+    waiters: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -109,6 +142,8 @@ class Health:
     #: Heavy calendar lanes that missed their last :data:`MISSED_IN_A_ROW` fire times in a
     #: row and are not running now (see ``LaneHealth.missed_in_a_row``).
     missing: tuple[str, ...] = ()
+    #: Every pool, the default pool ``heavy`` (the lease) first, then the others by name.
+    pools: tuple[PoolGauge, ...] = ()
 
     @property
     def posture(self) -> Posture:
@@ -156,12 +191,21 @@ def assess(
     unreadable: Collection[str] = (),
     beat_since: float | None = None,
     undispatched_after_s: float = UNDISPATCHED_AFTER_S,
+    pools: Mapping[str, int] | None = None,
+    slots: Mapping[str, Sequence[LeaseView | None]] | None = None,
 ) -> Health:
     """Every gauge the status table, the metrics and the watchdog report. ``beat_since``: when
-    the active beat took over (a lane due from before is judged from then)."""
-    lanes = tuple(_lane_health(s, states.get(s.name, LaneState()), lease, now, profile,
-                               beat_since)
-                  for s in sorted(specs, key=lambda s: s.sort_key))
+    the active beat took over (a lane due from before is judged from then). ``pools``: the
+    slot count of each pool beyond the default; ``slots``: each such pool's slot leases
+    (None: free). A lane of such a pool is in flight while it holds one of them."""
+    slots = slots or {}
+    held_by = {held.lane: held for leases in slots.values() for held in leases
+               if held is not None and held.lane}
+    ordered = sorted(specs, key=lambda s: s.sort_key)
+    lanes = tuple(_lane_health(s, states.get(s.name, LaneState()),
+                               lease if s.pool == DEFAULT_POOL else held_by.get(s.name),
+                               now, profile, beat_since)
+                  for s in ordered)
     blockers = {h.name: h.deferral_blocker for h in lanes if h.deferral_reason is not None}
     chain = deferral_chain(blockers)
     # Any lane kept waiting, heavy or light, by the lease, the pick or a gate: an unbounded gate
@@ -188,7 +232,39 @@ def assess(
     return Health(now=now, lease=gauge, chain_depth=max(0, len(chain) - 1), chain=chain,
                   lanes=lanes, starving=starving, lease_over_cap=over_cap,
                   unreadable=tuple(sorted(unreadable)), undispatched=undispatched,
-                  missing=missing)
+                  missing=missing,
+                  pools=pool_gauges(ordered, lanes, lease, now, pools or {}, slots))
+
+
+def _slot_gauge(index: int, held: LeaseView, now: float) -> SlotGauge:
+    since = held.started_at if held.started_at is not None else held.granted_at
+    return SlotGauge(slot=index, holder=held.lane, fence=held.fence,
+                     granted_at=held.granted_at, started_at=held.started_at,
+                     held_s=max(0.0, now - since))
+
+
+def pool_gauges(specs: Sequence[LaneSpec], lanes: Sequence[LaneHealth],
+                lease: LeaseView | None, now: float, pools: Mapping[str, int],
+                slots: Mapping[str, Sequence[LeaseView | None]]) -> tuple[PoolGauge, ...]:
+    """The default pool (its one slot is the lease), then every other pool by name."""
+    table = {DEFAULT_POOL: [lease], **{name: list(slots.get(name, ()))[:count]
+                                       + [None] * max(0, count - len(slots.get(name, ())))
+                                       for name, count in sorted(pools.items())
+                                       if name != DEFAULT_POOL}}
+    waiting: dict[str, list[tuple[tuple[int, float, int, str], str]]] = {p: [] for p in table}
+    for spec, h in zip(specs, lanes, strict=True):
+        if (spec.heavy and spec.pool in waiting and h.due and not h.in_flight
+                and h.enabled and not h.paused):
+            # Beat's rank (core.picker.rank_key): priority-0, weighted ratio, order, name.
+            key = (0 if spec.priority0 else 1, -(spec.weight * h.ratio), spec.order, spec.name)
+            waiting[spec.pool].append((key, spec.name))
+    out = []
+    for name, leases in table.items():
+        held = tuple(_slot_gauge(i, x, now) for i, x in enumerate(leases) if x is not None)
+        ranked = [lane for _, lane in sorted(waiting[name])]
+        out.append(PoolGauge(pool=name, slots=len(leases), busy=len(held), holders=held,
+                             waiting=len(ranked), waiters=tuple(ranked[:WAITERS_NAMED])))
+    return tuple(out)
 
 
 def missed_in_a_row(spec: LaneSpec, state: LaneState, now: float,
@@ -232,7 +308,7 @@ def _lane_health(spec: LaneSpec, state: LaneState, lease: LeaseView | None, now:
     enabled = enabled_under(profile, spec.deployment)
     waiting = view.due and not view.in_flight and deferral is None and not sched.paused
     return LaneHealth(
-        name=spec.name, kind=spec.kind.value, queue=queue_for(spec.kind),
+        name=spec.name, kind=spec.kind.value, queue=queue_for(spec.kind, spec.pool),
         deployment=spec.deployment.value, enabled=enabled,
         paused=sched.paused, cadence_s=spec.cadence_s, last_run_at=run.last_run_at,
         ratio=view.ratio, due=view.due,

@@ -78,7 +78,8 @@ def lanes(app_name: str, lanes: str | None, as_json: bool) -> None:
     now = time.time()
     calendars = _calendar_rows(app, lane_set.specs, now)
     rows = [{
-        "lane": s.name, "task": s.task_name, "kind": s.kind.value, "queue": queue_for(s.kind),
+        "lane": s.name, "task": s.task_name, "kind": s.kind.value,
+        "queue": queue_for(s.kind, s.pool),
         "cadence_s": s.cadence_s, "priority0": s.priority0, "deployment": s.deployment.value,
         "enabled": enabled_under(profile, s.deployment), "order": s.order,
         "backlog_driven": s.backlog_driven,
@@ -912,29 +913,62 @@ def run_now(lane: str) -> None:
                    "wait until its lease expired.")
 @click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=60.0,
               show_default=True, help="How long --stop/--terminate wait for the lease to free.")
-def clear_lease(app_name: str, timeout_s: float, how: str | None, wait_s: float) -> None:
-    """Free the heavy lease, never while its holder may still run: a run not started yet is
-    cleared at once; a started one only when its own worker says it no longer runs it
-    (--stop and --terminate ask the holder to end first)."""
+@click.option("--pool", default="heavy", show_default=True,
+              help="The pool whose slot to clear (heavy: the default pool, the heavy lease).")
+@click.option("--slot", type=click.IntRange(min=0), default=0, show_default=True,
+              help="The slot of the pool to clear (0-based; schedproj status lists them).")
+def clear_lease(app_name: str, timeout_s: float, how: str | None, wait_s: float, pool: str,
+                slot: int) -> None:
+    """Free the heavy lease, or a slot of a pool (--pool P --slot I), never while its holder
+    may still run: a run not started yet is cleared at once; a started one only when its own
+    worker says it no longer runs it (--stop and --terminate ask the holder to end first)."""
     from schedproj.ops.lease_clearing import LeaseClearer, Refused
     from schedproj.store.lease import HeavyLease
 
     settings, client, keys = _state_handles()
-    lease = HeavyLease(client, keys)
     with _reaching(settings):
+        _check_slot(client, keys, pool, slot)
+        lease = HeavyLease(client, keys.slot(pool, slot))
+        default = (pool, slot) == ("heavy", 0)
+        what = "the lease" if default else f"slot {slot} of pool {pool}"
         current = lease.read()
         if current is None:
-            click.echo("the lease is free")
+            click.echo(f"{what} is free")
             return
         app = _load_app(app_name, None)
         clearer = LeaseClearer(lease=lease, control=app.control, timeout_s=timeout_s,
-                               wait_s=wait_s, say=click.echo, lease_ttl_s=settings.lease_ttl_s)
+                               wait_s=wait_s, say=click.echo, lease_ttl_s=settings.lease_ttl_s,
+                               what=what,
+                               target="" if default else f" --pool {pool} --slot {slot}")
         try:
             said = getattr(clearer, how or "clear")(current)
         except Refused as exc:
             raise click.ClickException(str(exc)) from None
         client.lpush(keys.wake, "clear-lease")
     click.echo(said)
+
+
+def _check_slot(client: Any, keys: Any, pool: str, slot: int) -> None:
+    """``--pool``/``--slot`` name a slot the last beat declared; else an error naming the
+    declared pools and the fix."""
+    from schedproj.telemetry.observe import pools_of_registry, read_pools
+
+    pools = {"heavy": 1, **read_pools(pools_of_registry(client.get(keys.published_lanes), keys),
+                                      keys, [])}
+    declared = ", ".join(f"{name} ({count} slot{'s' if count > 1 else ''})"
+                         for name, count in pools.items())
+    if pool not in pools:
+        raise click.ClickException(
+            f"--pool {pool}: no such pool; the last beat declared {declared}. Fix: name one "
+            "of them, or, if the pool is new, restart beat with it declared "
+            f"(SCHEDPROJ_POOLS='{pool}=2' or configure_app(app, pools=[Pool({pool!r}, "
+            "slots=2)]))")
+    if slot >= pools[pool]:
+        raise click.ClickException(
+            f"--slot {slot}: pool {pool} has {pools[pool]} slot"
+            f"{'s' if pools[pool] > 1 else ''} (0 to {pools[pool] - 1}); the last beat "
+            f"declared {declared}. Fix: --slot 0 to {pools[pool] - 1} (schedproj status "
+            "lists each pool's busy slots)")
 
 
 @main.command()

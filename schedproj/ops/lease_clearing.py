@@ -1,5 +1,8 @@
 """``schedproj clear-lease``: free the heavy lease, never while its holder may still execute.
 
+The same for one slot of a pool (``--pool P --slot I``): every slot is a lease like the heavy
+lease, with the same record and the same request key, so the same rules clear it.
+
 A granted lease whose run has not started is released only if it is still unstarted, in one
 step (``lua/lease_clear.lua``): a start racing the clear wins or loses cleanly, and a message
 that loses is refused as stale. A started lease names its holder's worker node; only that node
@@ -32,11 +35,12 @@ def celery_node(lease: LeaseView) -> str:
     return (lease.node or "").split("#", 1)[0]
 
 
-def options(lease: LeaseView, wait_s: float) -> str:
-    return (f"Options: schedproj clear-lease --stop (it yields at its next checkpoint), "
-            f"schedproj clear-lease --terminate (kills the run on its node), or stop worker "
-            f"{celery_node(lease) or '?'} (the lease then expires on its own within its TTL); "
-            f"--wait {wait_s:g} bounds how long either waits")
+def options(lease: LeaseView, wait_s: float, target: str = "") -> str:
+    """The ways on, as commands; ``target`` is the slot's options (`` --pool gpu --slot 1``)."""
+    return (f"Options: schedproj clear-lease{target} --stop (it yields at its next checkpoint), "
+            f"schedproj clear-lease{target} --terminate (kills the run on its node), or stop "
+            f"worker {celery_node(lease) or '?'} (the lease then expires on its own within its "
+            f"TTL); --wait {wait_s:g} bounds how long either waits")
 
 
 @dataclass
@@ -51,6 +55,10 @@ class LeaseClearer:
     say: Callable[[str], None]
     #: Renewals stop within this long of a holder's death (the renewable lease TTL).
     lease_ttl_s: float
+    #: What is cleared, in words, and the command-line options naming it: the heavy lease
+    #: (none), or a slot (``slot 1 of pool gpu``, `` --pool gpu --slot 1``).
+    what: str = "the lease"
+    target: str = ""
 
     def clear(self, current: LeaseView) -> str:
         """Release ``current`` if unstarted, or started and its node says it no longer runs
@@ -58,13 +66,14 @@ class LeaseClearer:
         if current.started_at is None:
             outcome = self.lease.clear(current, started=False)
             if outcome == "cleared":
-                return (f"cleared the lease granted to {current.lane} (fence {current.fence}); "
-                        "its run had not started, and its message is refused as stale")
+                return (f"cleared {self.what} granted to {current.lane} (fence "
+                        f"{current.fence}); its run had not started, and its message is "
+                        "refused as stale")
             if outcome != "started":
-                return "the lease changed meanwhile; nothing cleared"
+                return f"{self.what} changed meanwhile; nothing cleared"
             fresh = self.lease.read()
             if fresh is None or fresh.token != current.token:
-                return "the lease changed meanwhile; nothing cleared"
+                return f"{self.what} changed meanwhile; nothing cleared"
             current = fresh
         return self._clear_started(current)
 
@@ -73,19 +82,20 @@ class LeaseClearer:
         runs = self.holder_runs(node, str(current.task_id))
         if runs is None:
             raise Refused(
-                f"worker {node}, which holds the lease ({current.lane}, task "
+                f"worker {node}, which holds {self.what} ({current.lane}, task "
                 f"{current.task_id}), did not answer within {self.timeout_s:g}s, so it may "
                 f"still be running it (a busy -P solo worker cannot answer); not clearing. "
-                + options(current, self.wait_s))
+                + options(current, self.wait_s, self.target))
         if runs:
             raise Refused(
                 f"worker {node} is running the holder ({current.lane}, task "
-                f"{current.task_id}); not clearing. " + options(current, self.wait_s))
+                f"{current.task_id}); not clearing. "
+                + options(current, self.wait_s, self.target))
         request = self._request("clear", current)
         outcome = self.lease.clear(current, started=True, request=request)
         if outcome != "cleared":
-            return "the lease changed meanwhile; nothing cleared"
-        return (f"cleared the lease held by {current.lane} (fence {current.fence}): worker "
+            return f"{self.what} changed meanwhile; nothing cleared"
+        return (f"cleared {self.what} held by {current.lane} (fence {current.fence}): worker "
                 f"{node} says it no longer runs task {current.task_id}")
 
     def stop(self, current: LeaseView) -> str:
@@ -95,7 +105,7 @@ class LeaseClearer:
         self.lease.ask(self._request("stop", current))
         self.say(f"asked {current.lane} (task {current.task_id}, worker "
                  f"{celery_node(current) or '?'}) to yield at its next checkpoint")
-        return self._await_release(current, "yielded; the lease is free")
+        return self._await_release(current, f"yielded; {self.what} is free")
 
     def terminate(self, current: LeaseView) -> str:
         """Revoke the holder with terminate on its node, confirmed by the node's reply; wait
@@ -129,7 +139,7 @@ class LeaseClearer:
     def _node_of(self, current: LeaseView) -> str:
         node = celery_node(current)
         if not node or not current.task_id:
-            raise Refused(f"the lease held by {current.lane} names no worker node or task, so "
+            raise Refused(f"{self.what} held by {current.lane} names no worker node or task, so "
                           "nobody can say its holder is gone; not clearing. It frees itself "
                           f"within {self.lease_ttl_s:g}s once its holder stops renewing it")
         return node
@@ -149,10 +159,10 @@ class LeaseClearer:
                 return f"{current.lane} (task {current.task_id}) {done}"
             if time.monotonic() - said >= 2.0:
                 said = time.monotonic()
-                self.say(f"waiting for {current.lane} to let go of the lease: "
+                self.say(f"waiting for {current.lane} to let go of {self.what}: "
                          f"{said - start:.0f}s of {self.wait_s:g}s")
             time.sleep(0.2)
-        raise Refused(f"{current.lane} (task {current.task_id}) still holds the lease after "
+        raise Refused(f"{current.lane} (task {current.task_id}) still holds {self.what} after "
                       f"{self.wait_s:g}s; the request stands (it is acted on at the holder's "
                       "next checkpoint or renewal). Wait longer with --wait, or use "
                       "--terminate")

@@ -18,8 +18,15 @@ from prometheus_client.registry import Collector
 
 from schedproj.core.families import split_member
 from schedproj.core.lanes import LaneSpec
+from schedproj.core.pools import DEFAULT_POOL
 from schedproj.settings import Settings
-from schedproj.store.protocol import LEASE_ACQUISITIONS, CounterKind, Keys, parse_counter_field
+from schedproj.store.protocol import (
+    LEASE_ACQUISITIONS,
+    CounterKind,
+    Keys,
+    parse_counter_field,
+    pool_acquisitions,
+)
 from schedproj.telemetry.entries_view import read_entries
 from schedproj.telemetry.observe import Observation, observe
 from schedproj.telemetry.status import families_folded, next_fire
@@ -95,6 +102,18 @@ CATALOG: tuple[MetricDoc, ...] = (
     _counter("schedproj_missed_runs", "Fire times of a calendar lane skipped because they "
              "passed its catch-up window with no run (catchup_window_s).", "lane"),
     _counter(f"schedproj_{LEASE_ACQUISITIONS}", "Heavy lease grants (the fencing counter)."),
+    _gauge("schedproj_pool_slots", "Slots of the pool (the default pool heavy: 1, the lease).",
+           "pool"),
+    _gauge("schedproj_pool_slots_busy", "Slots of the pool held now (granted or running).",
+           "pool"),
+    _gauge("schedproj_pool_slot_held_seconds", "How long the slot has been held: since its "
+           "run started, or since the grant while it has not (0: free).", "pool", "slot"),
+    _gauge("schedproj_pool_slot_fence", "Fencing number of the slot's grant (0: free).",
+           "pool", "slot"),
+    _gauge("schedproj_pool_waiting", "Heavy lanes of the pool that are due, enabled, not "
+           "paused and hold no slot.", "pool"),
+    _counter("schedproj_pool_acquisitions", "Slot grants of the pool (the default pool's: the "
+             "heavy lease grants).", "pool"),
     _gauge("schedproj_pressure_ratio", "Staleness ratio now of the waiting heavy lane that "
            "presses on the lease (+Inf: never ran; 0 with lane=\"\": none).", "lane"),
     _gauge("schedproj_last_pressure_yield_timestamp_seconds", "When a heavy run last yielded "
@@ -167,6 +186,7 @@ class SchedprojCollector(Collector):
         yield from self._lanes(health, obs)
         yield from self._families(health, obs)
         yield from self._counters(obs.counters, obs.lease_acquisitions, obs)
+        yield from self._pools(health, obs)
         yield from self._pressure(obs)
         yield from self._entries(obs.now)
 
@@ -277,6 +297,26 @@ class SchedprojCollector(Collector):
         leases = family(f"schedproj_{LEASE_ACQUISITIONS}")
         leases.add_metric([], acquisitions)
         yield leases
+
+    def _pools(self, health: Any, obs: Observation) -> Iterator[Metric]:
+        """Every pool, the default one too: slots, busy slots, each slot's hold, waiters and
+        grants (one series per slot, so a pool's series are bounded by its slot count)."""
+        slots, busy, held, fence, waiting, grants = (family(name) for name in (
+            "schedproj_pool_slots", "schedproj_pool_slots_busy",
+            "schedproj_pool_slot_held_seconds", "schedproj_pool_slot_fence",
+            "schedproj_pool_waiting", "schedproj_pool_acquisitions"))
+        for gauge in health.pools:
+            slots.add_metric([gauge.pool], gauge.slots)
+            busy.add_metric([gauge.pool], gauge.busy)
+            holds = {h.slot: h for h in gauge.holders}
+            for i in range(gauge.slots):
+                h = holds.get(i)
+                held.add_metric([gauge.pool, str(i)], h.held_s if h else 0.0)
+                fence.add_metric([gauge.pool, str(i)], h.fence if h else 0)
+            waiting.add_metric([gauge.pool], gauge.waiting)
+            grants.add_metric([gauge.pool], obs.lease_acquisitions if gauge.pool == DEFAULT_POOL
+                              else obs.counters.get(pool_acquisitions(gauge.pool), 0))
+        yield from (slots, busy, held, fence, waiting, grants)
 
     def _pressure(self, obs: Observation) -> Iterator[Metric]:
         """The waiting heavy lane pressing on the lease (beat's last measure), the last run

@@ -14,17 +14,18 @@ from typing import Any
 
 import redis
 
-from schedproj.core.errors import StateError
+from schedproj.core.errors import SchedprojError, StateError
 from schedproj.core.families import member_spec, split_member
 from schedproj.core.health import UNDISPATCHED_AFTER_S, Health, assess
 from schedproj.core.lanes import DeploymentClass, Gate, LaneKind, LaneSpec, Profile
 from schedproj.core.laneset import specs_from_registry
+from schedproj.core.pools import DEFAULT_POOL, Pool
 from schedproj.core.pressure import Pressure, PressureYield, decode_yield
 from schedproj.core.pressure import decode as decode_pressure
 from schedproj.core.records import LaneState, LeaseView, SchedRecord, replace
 from schedproj.core.schedules import from_text
 from schedproj.store.lane_store import UNREADABLE_LEASE, parse_states
-from schedproj.store.lease import parse_lease
+from schedproj.store.lease import PoolSlots, parse_lease
 from schedproj.store.protocol import LEASE_ACQUISITIONS, Keys
 from schedproj.telemetry.sanity import as_count, as_number, bad_field, shown, watchdog_problem
 
@@ -58,6 +59,13 @@ class Observation:
     #: process cannot compute (a custom Celery schedule read from the registry as its text):
     #: what the tools show as its next fire.
     next_looks: dict[str, float] = field(default_factory=dict)
+    #: The slot count of each pool beyond the default the last beat declared, each such
+    #: pool's slot leases (None: free; garbage reads as busy by nobody known) and the
+    #: pressure on its holders (the ``pressure``, ``last_pressure_yield`` and
+    #: ``pressure_yields`` of the pool's own hash).
+    pools: dict[str, int] = field(default_factory=dict)
+    slots: dict[str, list[LeaseView | None]] = field(default_factory=dict)
+    pool_pressure: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def health(self, *, starvation_threshold_s: float | None = None,
                hold_cap_s: float | None = None, profile: Profile | None = None,
@@ -74,6 +82,7 @@ class Observation:
             + (["<lease>"] if "<lease>" in self.errors else []),
             beat_since=positive(self.beat.get("since"), 0.0) or None,
             undispatched_after_s=undispatched_after_s or UNDISPATCHED_AFTER_S,
+            pools=self.pools, slots=self.slots,
         )
 
 
@@ -147,6 +156,9 @@ def observe(client: redis.Redis, keys: Keys, specs: tuple[LaneSpec, ...] | None 
     lease = read_lease(raw["lease"], keys, errors)
     beat = read_beat_info(raw["beat_info"], keys, problems)
     counters, acquisitions = read_counters(raw["counters"], keys, problems)
+    pools = read_pools(registry if "pools" in registry else
+                       pools_of_registry(raw["published_lanes"], keys), keys, problems)
+    slots, pool_pressure = read_slots(client, keys, pools, problems)
     return Observation(
         now=time.time() if now is None else now, specs=tuple(specs), registry=registry,
         states=states, lease=lease, errors=errors, beat=beat,
@@ -157,8 +169,79 @@ def observe(client: redis.Redis, keys: Keys, specs: tuple[LaneSpec, ...] | None 
         families=families_, family_sizes=family_sizes(client, keys, families_, problems),
         next_looks=next_looks(client, keys, specs, time.time() if now is None else now,
                               problems),
+        pools=pools, slots=slots, pool_pressure=pool_pressure,
         **pressure,
     )
+
+
+def pools_of_registry(raw: str | None, keys: Keys) -> dict[str, Any]:
+    """The registry's settings (its pools among them) when the caller gave the specs and the
+    registry was not read for them (beat's metrics); an unreadable registry is reported where
+    it is read for the lanes, so here it reads as no pools."""
+    if raw is None or '"pools"' not in raw:   # no pools beyond the default: skip the parse
+        return {}
+    try:
+        return specs_from_registry(raw, keys.published_lanes)[1]
+    except StateError:
+        return {}
+
+
+def read_pools(registry: dict[str, Any], keys: Keys, problems: list[str]) -> dict[str, int]:
+    """The pools beyond the default the registry declares, with their slot counts; an entry
+    that is not a pool is reported and left out."""
+    declared = registry.get("pools") or {}
+    if not isinstance(declared, dict):
+        problems.append(f"Redis key {keys.published_lanes!r}: pools = {shown(declared)} is not "
+                        "a map of pool to slots: left out. Fix: restart beat (it publishes "
+                        "the lane set again)")
+        return {}
+    pools = {}
+    for name, slots in sorted(declared.items()):
+        count = as_count(slots)
+        if name == DEFAULT_POOL:
+            continue
+        if count is None or count > MAX_SLOTS_SHOWN or not _is_pool(name, count):
+            problems.append(f"Redis key {keys.published_lanes!r}: pool {shown(name)} with "
+                            f"{shown(slots)} slots is not a pool: left out. Fix: restart beat "
+                            "(it publishes the lane set again)")
+            continue
+        pools[name] = count
+    return pools
+
+
+#: More slots than this in one pool is garbage in the registry, not a pool: reading that many
+#: slot keys on every status read would be the outage.
+MAX_SLOTS_SHOWN = 4096
+
+
+def _is_pool(name: Any, slots: int) -> bool:
+    try:
+        Pool(name, slots=slots)
+    except (SchedprojError, ValueError, TypeError):
+        return False
+    return True
+
+
+def read_slots(client: redis.Redis, keys: Keys, pools: dict[str, int], problems: list[str],
+               ) -> tuple[dict[str, list[LeaseView | None]], dict[str, dict[str, Any]]]:
+    """Every slot lease of ``pools`` (one MGET) and each pool's pressure hash (one round
+    trip); a pressure hash of the wrong type is reported and read as empty."""
+    if not pools:
+        return {}, {}
+    slots = PoolSlots(client, keys, {n: Pool(n, slots=c) for n, c in pools.items()}).read()
+    pipe = client.pipeline(transaction=False)
+    for name in pools:
+        pipe.hgetall(keys.slot(name, 0).pressure)
+    pressure = {}
+    for name, reply in zip(pools, pipe.execute(raise_on_error=False), strict=True):
+        hash_key = keys.slot(name, 0)
+        if isinstance(reply, redis.ResponseError):
+            problems.append(wrong_type(client, hash_key.pressure, "hash", reply))
+            reply = {}
+        elif isinstance(reply, Exception):
+            raise reply
+        pressure[name] = read_pressure(reply, hash_key, problems)
+    return slots, pressure
 
 
 def next_looks(client: redis.Redis, keys: Keys, specs: tuple[LaneSpec, ...], now: float,

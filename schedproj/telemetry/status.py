@@ -16,6 +16,7 @@ from rich.text import Text
 
 from schedproj.core.families import FamilyStats, fold, split_member
 from schedproj.core.health import MISSED_IN_A_ROW, Health
+from schedproj.core.pressure import Pressure, PressureYield
 from schedproj.telemetry.entries_view import EntriesView
 from schedproj.telemetry.observe import Observation
 
@@ -200,7 +201,25 @@ def as_json(obs: Observation, health: Health, family: str | None = None) -> dict
         "lease_acquisitions": obs.lease_acquisitions,
         "problems": obs.problems,
         "pressure": pressure_json(obs),
+        "pools": pools_json(obs, health),
     }
+
+
+def pools_json(obs: Observation, health: Health) -> list[dict[str, Any]]:
+    """Every pool, the default pool first: slots, the busy ones' holders, the waiters and the
+    pressure on the pool's holders."""
+    return [{**asdict(gauge), "holders": [asdict(h) for h in gauge.holders],
+             "waiters": list(gauge.waiters), "pressure": pool_pressure_json(obs, gauge.pool)}
+            for gauge in health.pools]
+
+
+def pool_pressure_json(obs: Observation, pool: str) -> dict[str, Any]:
+    """The pressure on ``pool``'s holders, as :func:`pressure_json` gives the lease's."""
+    if pool not in obs.pool_pressure:
+        return pressure_json(obs)
+    fields = obs.pool_pressure[pool]
+    return _pressure_json(obs.now, fields.get("pressure"), fields.get("last_pressure_yield"),
+                          fields.get("pressure_yields", 0))
 
 
 def lane_json(obs: Observation, h: Any) -> dict[str, Any]:
@@ -221,14 +240,43 @@ def missing_line(now: float, health: Health) -> str:
 def pressure_json(obs: Observation) -> dict[str, Any]:
     """The pressure on the lease (the waiting lane and its ratio now), the last pressure yield
     and how many there were."""
-    p, last = obs.pressure, obs.last_pressure_yield
-    ratio = p.ratio(obs.now) if p is not None else None
+    return _pressure_json(obs.now, obs.pressure, obs.last_pressure_yield, obs.pressure_yields)
+
+
+def _pressure_json(now: float, p: Pressure | None, last: PressureYield | None,
+                   yields: int) -> dict[str, Any]:
+    ratio = p.ratio(now) if p is not None else None
     return {
         "current": None if p is None else {
             **asdict(p), "ratio": None if ratio is None or math.isinf(ratio) else ratio},
         "last_yield": asdict(last) if last is not None else None,
-        "yields": obs.pressure_yields,
+        "yields": yields,
     }
+
+
+def pool_lines(obs: Observation, health: Health) -> list[str]:
+    """One line per pool, with a line per busy slot: shown only when pools beyond the default
+    are declared (the lease line says all there is to say of the default pool alone)."""
+    if len(health.pools) < 2:
+        return []
+    lines = []
+    for gauge in health.pools:
+        waiters = ", ".join(gauge.waiters) + (
+            f" and {gauge.waiting - len(gauge.waiters)} more"
+            if gauge.waiting > len(gauge.waiters) else "")
+        pressure = pool_pressure_json(obs, gauge.pool)["current"]
+        ratio = math.inf if pressure is None or pressure["ratio"] is None else pressure["ratio"]
+        pressing = "none" if pressure is None else (
+            f"{pressure['lane']} (ratio {_ratio(ratio)}"
+            + (", priority-0" if pressure["priority0"] else "") + ")")
+        lines.append(f"pool {gauge.pool}: {gauge.busy}/{gauge.slots} slots busy; "
+                     f"{gauge.waiting} waiting" + (f" ({waiters})" if gauge.waiting else "")
+                     + f"; pressure: {pressing}")
+        for held in gauge.holders:
+            state = "running" if held.started_at is not None else "granted, not started"
+            lines.append(f"  slot {held.slot}: {held.holder or '? (unreadable record)'} "
+                         f"({state}) for {_duration(held.held_s)}, fence {held.fence}")
+    return lines
 
 
 def pressure_lines(obs: Observation) -> list[str]:
@@ -307,6 +355,7 @@ def render(obs: Observation, health: Health, family: str | None = None) -> Group
     else:
         lines.append("lease: free")
     lines += pressure_lines(obs)
+    lines += pool_lines(obs, health)
     chain = " <- ".join(health.chain) if health.chain_depth else "-"
     lines.append(f"deferral chain depth: {health.chain_depth} ({chain})")
     if obs.beat:

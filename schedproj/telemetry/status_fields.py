@@ -22,7 +22,12 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from schedproj.core.health import MISSED_IN_A_ROW, UNDISPATCHED_AFTER_S, Posture
+from schedproj.core.health import (
+    MISSED_IN_A_ROW,
+    UNDISPATCHED_AFTER_S,
+    WAITERS_NAMED,
+    Posture,
+)
 from schedproj.core.lanes import DeferralReason, DeploymentClass, LaneKind
 from schedproj.core.records import Outcome
 from schedproj.store.protocol import LEASE_ACQUISITIONS, CounterKind
@@ -72,6 +77,32 @@ def _values(enum: Any) -> str:
 _F = StatusField
 _IN_A_ROW = MISSED_IN_A_ROW
 _CAL = "a calendar lane's"
+
+#: The pressure on the lease, and (under ``pools[]``) on each pool's holders.
+_PRESSURE: tuple[StatusField, ...] = (
+    _F("pressure", "object", "The pressure on the lease: the heavy lane waiting for it."),
+    _F("pressure.current", "object or null", "What beat last published as pressing on the "
+       "lease; null: no heavy lane waits for it."),
+    _F("pressure.current.lane", "text", "The waiting lane."),
+    _F("pressure.current.cadence_s", "number", "Its cadence (seconds)."),
+    _F("pressure.current.last_run_at", "number or null", "Its last run's end; null: never ran."),
+    _F("pressure.current.priority0", "true/false", "It is a priority-0 lane: it presses "
+       "whatever its ratio."),
+    _F("pressure.current.fence", "integer", "The lease hold it presses on."),
+    _F("pressure.current.at", "number", "When beat saw it (epoch seconds)."),
+    _F("pressure.current.ratio", "number or null", "Its staleness ratio now; null when "
+       "infinite."),
+    _F("pressure.last_yield", "object or null", "The last run that stopped at a checkpoint "
+       "for pressure; null: none yet."),
+    _F("pressure.last_yield.lane", "text", "The lane that yielded."),
+    _F("pressure.last_yield.task_id", "text", "Its run's task id."),
+    _F("pressure.last_yield.fence", "integer", "Its lease hold."),
+    _F("pressure.last_yield.held_s", "number", "Seconds it had held the lease."),
+    _F("pressure.last_yield.at", "number", "When it yielded (epoch seconds)."),
+    _F("pressure.last_yield.pressing", "text", "The lane it yielded to."),
+    _F("pressure.last_yield.ratio", "number", "That lane's ratio then (capped at 1e9)."),
+    _F("pressure.yields", "integer", "Pressure yields in all."),
+)
 
 #: Every key of the status JSON, in the order the JSON has them.
 CATALOG: tuple[StatusField, ...] = (
@@ -223,28 +254,32 @@ CATALOG: tuple[StatusField, ...] = (
        "unreadable registry), each with its fix. `/api/status` adds the schedule entries' "
        "problems here."),
     # -- pressure --------------------------------------------------------------------------
-    _F("pressure", "object", "The pressure on the lease: the heavy lane waiting for it."),
-    _F("pressure.current", "object or null", "What beat last published as pressing on the "
-       "lease; null: no heavy lane waits for it."),
-    _F("pressure.current.lane", "text", "The waiting lane."),
-    _F("pressure.current.cadence_s", "number", "Its cadence (seconds)."),
-    _F("pressure.current.last_run_at", "number or null", "Its last run's end; null: never ran."),
-    _F("pressure.current.priority0", "true/false", "It is a priority-0 lane: it presses "
-       "whatever its ratio."),
-    _F("pressure.current.fence", "integer", "The lease hold it presses on."),
-    _F("pressure.current.at", "number", "When beat saw it (epoch seconds)."),
-    _F("pressure.current.ratio", "number or null", "Its staleness ratio now; null when "
-       "infinite."),
-    _F("pressure.last_yield", "object or null", "The last run that stopped at a checkpoint "
-       "for pressure; null: none yet."),
-    _F("pressure.last_yield.lane", "text", "The lane that yielded."),
-    _F("pressure.last_yield.task_id", "text", "Its run's task id."),
-    _F("pressure.last_yield.fence", "integer", "Its lease hold."),
-    _F("pressure.last_yield.held_s", "number", "Seconds it had held the lease."),
-    _F("pressure.last_yield.at", "number", "When it yielded (epoch seconds)."),
-    _F("pressure.last_yield.pressing", "text", "The lane it yielded to."),
-    _F("pressure.last_yield.ratio", "number", "That lane's ratio then (capped at 1e9)."),
-    _F("pressure.yields", "integer", "Pressure yields in all."),
+    *_PRESSURE,
+    # -- pools ------------------------------------------------------------------------------
+    _F("pools", "list of objects", "Every pool (docs: pools.md): the default pool `heavy` "
+       "first (its one slot is the lease above), then the declared pools by name."),
+    _F("pools[].pool", "text", "The pool's name (its lanes' queue)."),
+    _F("pools[].slots", "integer", "Its slots: at most this many of its runs at once."),
+    _F("pools[].busy", "integer", "Slots held now (granted or running)."),
+    _F("pools[].holders", "list of objects", "One per busy slot, lowest slot first."),
+    _F("pools[].holders[].slot", "integer", "The slot (0-based; `schedproj clear-lease "
+       "--pool P --slot I` names it)."),
+    _F("pools[].holders[].holder", "text", "The lane holding it (a lane taking k slots holds "
+       "k of them); empty when the slot's record cannot be read (it still counts as busy)."),
+    _F("pools[].holders[].fence", "integer", "The slot grant's fencing number."),
+    _F("pools[].holders[].granted_at", "number", "When beat granted it (epoch seconds)."),
+    _F("pools[].holders[].started_at", "number or null", "When the run under it started; "
+       "null while granted and not started."),
+    _F("pools[].holders[].held_s", "number", "Seconds held so far: since the run started, "
+       "or since the grant while it has not."),
+    _F("pools[].waiting", "integer", "The pool's waiters: its heavy lanes that are due, "
+       "enabled, not paused and hold no slot."),
+    _F("pools[].waiters", "list of text", f"The first {WAITERS_NAMED} of them, in beat's "
+       "ranking (priority-0, then weighted staleness ratio, then order, then name)."),
+    _F("pools[].pressure", "object", "The pressure on the pool's holders, with the keys of "
+       "`pressure` above (for the default pool, the same object)."),
+    *(_F(f"pools[].{f.path}", f.type, f"As `{f.path}`, for the pool's longest holder.")
+      for f in _PRESSURE if f.path != "pressure"),
     # -- schedule entries (added by the CLI and by /api/status) ----------------------------
     _F("entries", "list of objects", "The schedule entries (the app's `beat_schedule` and "
        "runtime entries). `schedproj status --json` lists all, by name; `/api/status` the "

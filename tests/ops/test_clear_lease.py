@@ -15,6 +15,8 @@ import pytest
 import redis
 from click.testing import CliRunner, Result
 
+from schedproj.core import codec
+from schedproj.core.laneset import REGISTRY_VERSION
 from schedproj.ops import cli
 from schedproj.store.lease import HeavyLease, Holder
 from schedproj.store.protocol import Keys
@@ -178,3 +180,52 @@ def test_terminate_confirmed_waits_for_the_lease_to_expire_never_releases_it(
     assert time.monotonic() - began >= 0.5, "released before its TTL ran out"
     (revoke,) = control.revoked
     assert revoke["terminate"] is True and revoke["task_id"] == "run-1"
+
+
+def declare_gpu(client: redis.Redis, keys: Keys) -> None:
+    """What a beat with a pool ``gpu`` of two slots publishes (the pools of its registry)."""
+    client.set(keys.published_lanes, codec.dumps(
+        {"profile": "local", "lanes": [], "families": [], "pools": {"gpu": 2, "heavy": 1}},
+        REGISTRY_VERSION))
+
+
+def test_a_slot_of_a_pool_is_cleared_by_the_same_rules_and_nothing_else_is(
+        monkeypatch: pytest.MonkeyPatch, env: dict[str, str], client: redis.Redis,
+        keys: Keys) -> None:
+    declare_gpu(client, keys)
+    heavy = held(client, keys)
+    slot = held(client, keys.slot("gpu", 1))
+    other = held(client, keys.slot("gpu", 0))
+    # Its node is silent: refused, and the ways on name the slot.
+    out = clear_lease(monkeypatch, env, FakeControl({LIGHT_NODE: []}), "--pool", "gpu",
+                      "--slot", "1")
+    assert out.exit_code != 0, out.output
+    assert "holds slot 1 of pool gpu" in out.output, out.output
+    assert "clear-lease --pool gpu --slot 1 --stop" in out.output.replace("\n", " ")
+    # Its node says it no longer runs it: that slot alone is cleared.
+    out = clear_lease(monkeypatch, env, FakeControl({HOLDER_NODE: []}), "--pool", "gpu",
+                      "--slot", "1")
+    assert out.exit_code == 0 and "cleared slot 1 of pool gpu held by big" in out.output, \
+        out.output
+    assert slot.read() is None and other.read() is not None and heavy.read() is not None
+    request = slot.request()
+    assert request is not None and (request.action, request.task_id) == ("clear", "run-1")
+    assert heavy.request() is None
+    out = clear_lease(monkeypatch, env, FakeControl({}), "--pool", "gpu", "--slot", "1")
+    assert out.exit_code == 0 and "slot 1 of pool gpu is free" in out.output
+
+
+def test_an_unknown_pool_or_a_slot_out_of_range_names_the_declared_pools_and_the_fix(
+        monkeypatch: pytest.MonkeyPatch, env: dict[str, str], client: redis.Redis,
+        keys: Keys) -> None:
+    declare_gpu(client, keys)
+    out = clear_lease(monkeypatch, env, FakeControl({}), "--pool", "tpu")
+    assert out.exit_code != 0
+    assert "--pool tpu: no such pool; the last beat declared heavy (1 slot), gpu (2 slots)" \
+        in " ".join(out.output.split()), out.output
+    assert "SCHEDPROJ_POOLS='tpu=2'" in out.output
+    out = clear_lease(monkeypatch, env, FakeControl({}), "--pool", "gpu", "--slot", "2")
+    assert out.exit_code != 0
+    assert "pool gpu has 2 slots (0 to 1)" in out.output and "Fix: --slot 0 to 1" in out.output
+    out = clear_lease(monkeypatch, env, FakeControl({}), "--slot", "1")
+    assert out.exit_code != 0 and "pool heavy has 1 slot (0 to 0)" in out.output

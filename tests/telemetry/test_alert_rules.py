@@ -171,7 +171,7 @@ def test_dashboard_names_only_exported_metrics(dashboard: dict[str, Any],
                       "", query)
         words = set(re.findall(r"\b[a-z_][a-z0-9_]*\b", bare))
         functions = {"max", "sum", "min", "avg", "count", "rate", "increase", "label_values",
-                     "time", "lane", "and", "or", "unless", "bool"}
+                     "time", "lane", "and", "or", "unless", "bool", "changes"}
         assert words - functions - used == set(), f"unexpected names in {query!r}"
 
 

@@ -71,6 +71,8 @@ def declare(app: Celery) -> None:
          due_check=broken_check)
     app.task(shared=False, base=LaneTask, name=FAMILY,
              lane=LaneFamily(cadence_s=1800, kind=LaneKind.HEAVY, order=5))(nothing)
+    lane("s.embed", cadence_s=600, kind=LaneKind.HEAVY, pool="gpu", order=6)
+    lane("s.retrain", cadence_s=900, kind=LaneKind.HEAVY, pool="gpu", slots=2, order=7)
     app.task(shared=False, name="s.report")(nothing)
     app.conf.beat_schedule = {"nightly-report": {"task": "s.report", "schedule": 300.0}}
     watchdog.register(app)
@@ -80,7 +82,8 @@ def declare(app: Celery) -> None:
 def deployment(key_prefix: str, broker: redis.Redis, client: redis.Redis) -> Iterator[Celery]:
     """Beat's state after two ticks, the watchdog's latch and a pressure yield."""
     keys = Keys(key_prefix)
-    app = make_app(key_prefix, declare, beat_max_loop_interval_s=0.2, beat_lock_ttl_s=5.0)
+    app = make_app(key_prefix, declare, beat_max_loop_interval_s=0.2, beat_lock_ttl_s=5.0,
+                   pools="gpu=2")
     FamilyStore(client, keys).add(FAMILY, ["r0", "r1", "r2"])
     first = FairScheduler(app=app)
     first.tick()   # a heavy lane is granted the lease; the others wait behind it
@@ -153,6 +156,16 @@ def test_real_status_json_has_exactly_the_catalogs_keys_and_types(
     assert [e["name"] for e in cli["entries"]] == ["nightly-report"]
     assert cli["watchdog"] is not None and cli["chain_depth"] >= 1
     assert outputs["status --json, 3 h later"][1]["undispatched"]
+    # The pool: one gpu slot held by the one-slot lane, the two-slot lane waiting for both.
+    pools = {p["pool"]: p for p in cli["pools"]}
+    assert list(pools) == ["heavy", "gpu"]
+    assert pools["heavy"]["busy"] == 1 and pools["heavy"]["holders"][0]["holder"] == \
+        cli["lease"]["holder"]
+    gpu = pools["gpu"]
+    assert (gpu["slots"], gpu["busy"]) == (2, 1)
+    assert [(h["slot"], h["holder"]) for h in gpu["holders"]] == [(0, "s.embed")]
+    assert gpu["waiters"] == ["s.retrain"] and gpu["waiting"] == 1
+    assert lanes["s.embed"]["queue"] == "gpu" and lanes["s.embed"]["state"] == "running"
 
     for name, (source, data) in outputs.items():
         problems = disagreements(data, source)
@@ -161,6 +174,18 @@ def test_real_status_json_has_exactly_the_catalogs_keys_and_types(
     seen = {path for _, data in outputs.values() for path, _ in key_paths(data)}
     never = [f.path for f in CATALOG if f.path not in seen]
     assert not never, f"catalog paths no real status JSON has: {never}"
+
+
+def test_status_text_shows_each_pool_and_its_holders(
+        deployment: Celery, key_prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SCHEDPROJ_REDIS_URL", REDIS_URL)
+    monkeypatch.setenv("SCHEDPROJ_KEY_PREFIX", key_prefix)
+    result = CliRunner().invoke(main, ["status"], env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    assert "pool heavy: 1/1 slots busy" in result.output
+    assert re.search(r"pool gpu: 1/2 slots busy; 1 waiting \(s\.retrain\)", result.output)
+    assert re.search(r"slot 0: s\.embed \(granted, not started\) for \d+s, fence \d+",
+                     result.output)
 
 
 def test_the_check_finds_an_unknown_key_a_wrong_type_and_the_other_sources_key() -> None:
