@@ -236,7 +236,10 @@ class LaneTask(Task):  # type: ignore[misc]
 
     def _run(self, rt: Runtime, ctx: RunContext, before: RunRecord | None, token: str,
              args: Any, kwargs: Any) -> Any:
-        self._journal(rt, ctx, "start", beat_fence=ctx.beat_fence)
+        # A pool run names its pool and slots: the status page draws it on their rows.
+        where = {} if ctx.slots is None else {"pool": ctx.slots.pool,
+                                              "slots": list(ctx.slots.slots)}
+        self._journal(rt, ctx, "start", beat_fence=ctx.beat_fence, **where)
         renewer: LeaseRenewer | RunHeartbeat | None = None
         if token:
             renewer = LeaseRenewer(rt, token, ctx, lease=None if ctx.slots is None else

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from schedproj.core.pools import DEFAULT_POOL
 from schedproj.telemetry.sanity import as_count, as_number
 from schedproj.telemetry.status import missed_words, next_fire_words, schedule_words
 
@@ -44,6 +45,10 @@ class Bar:
     end: float | None
     outcome: str
     heavy: bool
+    #: The pool and slots a pool run took, as its start was journaled ("" and none: the
+    #: default pool's one slot, a light run, or a run journaled before runs named them).
+    pool: str = ""
+    slots: tuple[int, ...] = ()
 
     @property
     def lost(self) -> bool:
@@ -98,8 +103,31 @@ def _bar(key: tuple[str, int], begun: Mapping[str, Any], ended: Mapping[str, Any
             outcome = "lost"
     elif lost is not None:
         end, outcome = float(lost["t"]), "lost"
+    pool, slots = begun.get("pool"), begun.get("slots")
+    taken = tuple(n for n in map(as_count, slots if isinstance(slots, list) else [])
+                  if n is not None and n < MAX_SLOT_DRAWN)
     return Bar(lane=str(begun["lane"]), task=key[0], fence=key[1], start=float(begun["t"]),
-               end=end, outcome=outcome, heavy=key[1] > 0)
+               end=end, outcome=outcome, heavy=key[1] > 0,
+               pool=pool if isinstance(pool, str) and taken else "", slots=taken)
+
+
+#: A journaled slot number at or past this is no slot (a pool's slots are drawn one row each).
+MAX_SLOT_DRAWN = 4096
+
+
+def pool_runs(bars: Sequence[Bar], pool: str, lanes: Sequence[Mapping[str, Any]],
+              ) -> list[tuple[int, Bar]]:
+    """(slot, run) for each slot a run of ``pool`` took. A heavy run that names no pool ran
+    in the default pool's one slot, unless its lane is in another pool (a run journaled
+    before runs named their slots: its slot is not known, and it is not drawn)."""
+    queue = {str(x["name"]): x.get("queue") for x in lanes}
+    out = []
+    for b in bars:
+        if b.pool:
+            out += [(slot, b) for slot in b.slots if b.pool == pool]
+        elif b.heavy and pool == DEFAULT_POOL and queue.get(b.lane, DEFAULT_POOL) == pool:
+            out.append((0, b))
+    return out
 
 
 def ratio_series(bars: Sequence[Bar], lanes: Sequence[Mapping[str, Any]], now: float,
@@ -189,7 +217,48 @@ def timeline_svg(bars: Sequence[Bar], lanes: Sequence[Mapping[str, Any]], now: f
     return "\n".join(parts)
 
 
-def _bar_svg(b: Bar, y: float, now: float, window_s: float) -> str:
+def pool_timeline_svg(pool: Mapping[str, Any], bars: Sequence[Bar],
+                      lanes: Sequence[Mapping[str, Any]], now: float,
+                      window_s: float = WINDOW_S) -> str:
+    """One pool's slots as a Gantt chart: a row per slot, a bar per run on each slot it took
+    (a run taking two slots shows on both), named by its lane and coloured by outcome."""
+    name, count = str(pool["pool"]), max(1, int(pool["slots"]))
+    height = ROW_H * count + 30
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" id="pool-{html.escape(name)}" '
+             f'class="chart pool" data-pool="{html.escape(name)}" '
+             f'viewBox="0 0 {CHART_W} {height}" width="100%" role="img" '
+             f'aria-label="slots of pool {html.escape(name)}, last {window_s / 60:.0f} '
+             'minutes">']
+    for i in range(count):
+        y = i * ROW_H
+        parts.append(f'<text x="4" y="{y + 15}" class="lane">{html.escape(name)} slot {i}'
+                     "</text>")
+        parts.append(f'<line x1="{LABEL_W}" y1="{y + ROW_H}" x2="{CHART_W}" '
+                     f'y2="{y + ROW_H}" class="row"/>')
+    parts += _axis(now, window_s, 0, ROW_H * count)
+    for slot, b in pool_runs(bars, name, lanes):
+        if slot < count:
+            parts.append(_bar_svg(b, slot * ROW_H, now, window_s, slot=slot))
+    parts.append("</svg>")
+    return "\n".join(parts)
+
+
+def pools_section(status: Mapping[str, Any], bars: Sequence[Bar], now: float,
+                  window_s: float) -> str:
+    """A lease timeline per pool, a row per slot: only when pools beyond the default are
+    declared (the lease timeline above is the default pool's alone)."""
+    pools = [p for p in status.get("pools") or [] if isinstance(p, Mapping)]
+    if len(pools) < 2:
+        return ""
+    charts = "".join(
+        f"<h3>pool {html.escape(str(p['pool']))}: {p['busy']}/{p['slots']} slots busy"
+        + (f", {p['waiting']} waiting" if p.get("waiting") else "") + "</h3>"
+        + pool_timeline_svg(p, bars, status["lanes"], now, window_s) for p in pools)
+    return (f"<section><h2>Pools: each slot, last {_duration(window_s)}</h2>{legend()}"
+            f"{charts}</section>")
+
+
+def _bar_svg(b: Bar, y: float, now: float, window_s: float, slot: int | None = None) -> str:
     x0, x1 = _x(b.start, now, window_s), _x(b.end if b.end is not None else now, now, window_s)
     width = max(2.0, x1 - x0)
     fill = "url(#hatch)" if b.lost else OUTCOME_COLOURS.get(b.outcome, "#757575")
@@ -204,10 +273,16 @@ def _bar_svg(b: Bar, y: float, now: float, window_s: float) -> str:
     elif b.lost:
         mark = (f'<path d="M{x0 + width - 8:.1f} {top} l8 {h} m-8 0 l8 {-h}" '
                 'class="lost-mark"/>')
+    label = ""
+    if slot is not None and width > 60:
+        # On a slot row the lane is not the row's name: it is written on the bar.
+        label = (f'<text x="{x0 + 3:.1f}" y="{top + h - 4}" class="on-bar">'
+                 f"{html.escape(b.lane[:max(1, int(width // 7))])}</text>")
+    where = "" if slot is None else f' data-slot="{slot}"'
     return (f'<g class="run {html.escape(b.outcome)}" data-lane="{html.escape(b.lane)}" '
-            f'data-task="{html.escape(b.task)}" data-outcome="{html.escape(b.outcome)}">'
-            f'<rect x="{x0:.1f}" y="{top}" width="{width:.1f}" height="{h}" rx="2" '
-            f'fill="{fill}"><title>{html.escape(title)}</title></rect>{mark}</g>')
+            f'data-task="{html.escape(b.task)}" data-outcome="{html.escape(b.outcome)}"'
+            f'{where}><rect x="{x0:.1f}" y="{top}" width="{width:.1f}" height="{h}" rx="2" '
+            f'fill="{fill}"><title>{html.escape(title)}</title></rect>{mark}{label}</g>')
 
 
 def ratio_svg(series: Mapping[str, list[tuple[float, float]]], now: float,
@@ -334,6 +409,9 @@ def facts(status: Mapping[str, Any]) -> list[tuple[str, str]]:
     out = [("lease", "free" if lease is None else
             f"held by {lease['holder']} for {_duration(lease['held_s'])}, fence "
             f"{lease['fence']}" + (" — PAST THE HOLD CAP" if status["lease_over_cap"] else ""))]
+    pools = [p for p in status.get("pools") or [] if isinstance(p, Mapping)]
+    if len(pools) > 1:
+        out += [(f"pool {p['pool']}", pool_text(p)) for p in pools]
     chain = status.get("chain") or []
     out.append(("deferral chain", f"depth {status['chain_depth']}: "
                 + (" ← ".join(chain) if chain else "none")))
@@ -358,6 +436,18 @@ def facts(status: Mapping[str, Any]) -> list[tuple[str, str]]:
         out.append(("problem", "lanes with state here that the last beat does not declare: "
                     + ", ".join(status["undeclared_lanes"])))
     return out
+
+
+def pool_text(pool: Mapping[str, Any]) -> str:
+    """``1/2 slots busy: slot 0 embed for 3s, fence 7; 1 waiting (retrain)``."""
+    held = "; ".join(f"slot {h['slot']} {h['holder'] or '?'} for {_duration(h['held_s'])}, "
+                     f"fence {h['fence']}" for h in pool.get("holders") or [])
+    waiters = ", ".join(map(str, pool.get("waiters") or []))
+    more = int(pool.get("waiting") or 0) - len(pool.get("waiters") or [])
+    return (f"{pool['busy']}/{pool['slots']} slots busy" + (f": {held}" if held else "")
+            + (f"; {pool['waiting']} waiting ({waiters}" + (f" and {more} more" if more > 0
+                                                            else "") + ")"
+               if pool.get("waiting") else ""))
 
 
 def _watchdog_text(status: Mapping[str, Any]) -> str:
@@ -413,6 +503,7 @@ def render_page(status: Mapping[str, Any], journal: Iterable[Mapping[str, Any]],
             f"{entries_section(status)}"
             f'<section><h2>Lease timeline, last {_duration(window_s)} (up to an hour)</h2>'
             f"{legend()}{timeline_svg(bars, status['lanes'], now, window_s)}</section>"
+            f"{pools_section(status, bars, now, window_s)}"
             f"<section><h2>Staleness ratio</h2>{ratio_svg(series, now, window_s)}</section>")
     return PAGE.format(style=STYLE, live=live, script=SCRIPT.replace(
         "REFRESH_MS", str(int(refresh_s * 1000))))
@@ -456,6 +547,7 @@ tr.state-deferred td { background: #fff8e1; } tr.state-paused td { color: #9e9e9
 .chart .lane { font-size: 12px; } .chart .tick { font-size: 10px; fill: #757575; }
 .chart .tick.end { text-anchor: end; } .chart .grid { stroke: #eeeeee; }
 .chart .row { stroke: #f5f5f5; } .due-line { stroke: #c62828; stroke-dasharray: 4 3; }
+.chart .on-bar { font-size: 10px; fill: #fff; } h3 { font-size: 1em; margin: .8em 0 .3em; }
 .yield-mark { fill: #fff; } .lost-mark { stroke: #fff; stroke-width: 2; }
 .legend { display: flex; gap: 1em; flex-wrap: wrap; margin-bottom: .4em; font-size: 12px; }
 .legend i { display: inline-block; width: 12px; height: 12px; margin-right: 4px;

@@ -7,6 +7,7 @@ import base64
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -115,6 +116,58 @@ def test_page_has_the_table_facts_and_both_charts() -> None:
     data = statuspage.api_timeline(STATUS, JOURNAL)
     assert {r["task"] for r in data["runs"]} == {"a", "b", "c", "d", "e"}
     json.dumps(data, allow_nan=False)
+
+
+def pooled(status: dict[str, Any]) -> dict[str, Any]:
+    """STATUS with a pool gpu of two slots beside the default pool (as status --json has it)."""
+    def holder(slot: int, lane: str) -> dict[str, Any]:
+        return {"slot": slot, "holder": lane, "fence": 9, "granted_at": NOW - 30,
+                "started_at": NOW - 29, "held_s": 29.0}
+    return {**status,
+            "lanes": [*status["lanes"], lane("embed", queue="gpu"), lane("both", queue="gpu")],
+            "pools": [{"pool": "heavy", "slots": 1, "busy": 1, "holders": [holder(0, "backlog")],
+                       "waiting": 0, "waiters": []},
+                      {"pool": "gpu", "slots": 2, "busy": 1, "holders": [holder(1, "embed")],
+                       "waiting": 1, "waiters": ["both"]}]}
+
+
+POOL_JOURNAL = [
+    {"ev": "start", "lane": "both", "task": "g1", "fence": 7, "t": NOW - 200, "pool": "gpu",
+     "slots": [0, 1]},
+    {"ev": "end", "lane": "both", "task": "g1", "fence": 7, "t": NOW - 150,
+     "outcome": "completed"},
+    {"ev": "start", "lane": "embed", "task": "g2", "fence": 9, "t": NOW - 29, "pool": "gpu",
+     "slots": [1]},
+    # A pool run journaled before runs named their slots: not drawn on a slot row.
+    {"ev": "start", "lane": "embed", "task": "g0", "fence": 6, "t": NOW - 900},
+    {"ev": "end", "lane": "embed", "task": "g0", "fence": 6, "t": NOW - 800,
+     "outcome": "completed"},
+]
+
+
+def test_each_pool_has_a_timeline_with_a_row_per_slot() -> None:
+    status = pooled(STATUS)
+    page = statuspage.render_page(status, JOURNAL + POOL_JOURNAL, refresh_s=3)
+    assert 'id="pool-heavy"' in page and 'id="pool-gpu"' in page
+    assert ">gpu slot 0</text>" in page and ">gpu slot 1</text>" in page
+    assert ">gpu slot 2</text>" not in page and ">heavy slot 0</text>" in page
+    bars = statuspage.runs_from_journal(JOURNAL + POOL_JOURNAL, NOW)
+    gpu = statuspage.pool_timeline_svg(status["pools"][1], bars, status["lanes"], NOW)
+    drawn = sorted((slot, task) for task, slot in
+                   re.findall(r'data-task="(\w+)" data-outcome="\w+" data-slot="(\d)"', gpu))
+    assert drawn == [("0", "g1"), ("1", "g1"), ("1", "g2")]  # the two-slot run on both rows
+    heavy = statuspage.pool_timeline_svg(status["pools"][0], bars, status["lanes"], NOW)
+    assert heavy.count('class="run ') == 4   # the default pool's heavy runs (a, b, c, e)
+    assert "gpu: 1/2 slots busy: slot 1 embed for 29s, fence 9; 1 waiting (both)" in \
+        " ".join(f"{k}: {v}" for k, v in statuspage.facts(status)).replace("pool ", "")
+
+
+def test_without_pools_beyond_the_default_the_page_is_as_before() -> None:
+    plain = statuspage.render_page(STATUS, JOURNAL, refresh_s=3)
+    only_default = {**STATUS, "pools": [{"pool": "heavy", "slots": 1, "busy": 1,
+                                        "holders": [], "waiting": 0, "waiters": []}]}
+    assert statuspage.render_page(only_default, JOURNAL, refresh_s=3) == plain
+    assert "pool-" not in plain and "slot 0" not in plain
 
 
 # -- the server -------------------------------------------------------------------------------
@@ -294,3 +347,67 @@ def _check_page(browser: Any, by: Any, env: dict[str, str], before: dict[str, An
     while browser.execute_script(READ_STAMP) == stamp:
         assert time.monotonic() < deadline, "the page did not refresh"
         time.sleep(0.5)
+
+
+READ_POOLS = """
+return {
+  slots: [...document.querySelectorAll("svg.pool text.lane")].map((t) => t.textContent),
+  runs: [...document.querySelectorAll("#pool-gpu g.run")].map((r) => ({
+    lane: r.getAttribute("data-lane"), slot: r.getAttribute("data-slot")})),
+  heavy: document.querySelectorAll("#pool-heavy g.run").length,
+  facts: document.getElementById("facts") ? document.getElementById("facts").innerText : "",
+};
+"""
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(120)
+def test_a_second_pools_slots_in_chromium_against_a_live_scheduler(
+        e2e_redis: redis.Redis, tmp_path: Path) -> None:
+    """A pool gpu of two slots beside the default pool (tests/pools_e2e.py's lanes): the page
+    draws a timeline per pool, a row per slot, with the runs each slot carried."""
+    from tests.conftest import E2E_REDIS_URL
+    from tests.ops.test_errors_name_the_fix import free_port
+    from tests.procs import FAST_SETTINGS, Cluster, wait_for
+
+    port = free_port()
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    env = {**os.environ, **FAST_SETTINGS, "CELERY_BROKER_URL": E2E_REDIS_URL,
+           "SCHEDPROJ_REDIS_URL": E2E_REDIS_URL, "SCHEDPROJ_KEY_PREFIX": "schedproj",
+           "SCHEDPROJ_LANE_MODULES": "tests.pools_e2e", "SCHEDPROJ_POOLS": "gpu=2",
+           "E2E_LOCK_DIR": str(locks), "SCHEDPROJ_METRICS_PORT": str(port),
+           "PYTHONPATH": str(ROOT)}
+    cluster = Cluster(env=env, logdir=tmp_path)
+    browser = None
+    try:
+        workers = [cluster.start(name, "worker", "-Q", queue, "-c", "1", "-n", f"{name}@%h",
+                                 "--without-gossip", "--without-mingle", "--without-heartbeat",
+                                 "-l", "info")
+                   for name, queue in (("gpu0", "gpu"), ("gpu1", "gpu"), ("heavy0", "heavy"))]
+        for proc in workers:
+            wait_for(lambda p=proc: "ready." in p.text() or not p.alive(), 40, "a worker ready")
+            assert proc.alive(), proc.text()
+        cluster.beat("beat")
+        journal = Keys("schedproj").journal
+
+        def slots_run() -> set[int]:
+            entries = [json.loads(x) for x in e2e_redis.lrange(journal, 0, -1)]
+            return {s for e in entries if e["ev"] == "start" and e.get("pool") == "gpu"
+                    for s in e["slots"]}
+        wait_for(lambda: slots_run() == {0, 1}, 30, "runs on both gpu slots")
+        browser = _browser()
+        browser.get(f"http://127.0.0.1:{port}/")
+        page = browser.execute_script(READ_POOLS)
+        assert page["slots"] == ["heavy slot 0", "gpu slot 0", "gpu slot 1"], page
+        assert {r["slot"] for r in page["runs"]} == {"0", "1"}, page
+        assert {r["lane"] for r in page["runs"]} <= {*(f"e2e.gpu.{n}" for n in range(4)),
+                                                     "e2e.gpu.both"}, page
+        assert page["heavy"] > 0, page
+        assert "pool gpu" in page["facts"] and "slots busy" in page["facts"], page
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        assert browser.save_screenshot(str(ARTIFACTS / "status-page-pools.png"))
+    finally:
+        if browser is not None:
+            browser.quit()
+        cluster.stop_all()
