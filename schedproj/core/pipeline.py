@@ -178,10 +178,18 @@ def _holding(views: dict[str, LaneView], busy: Mapping[str, Sequence[str]]
     pool's holder already is: ``views.view_lane`` sees the lease)."""
     if len(busy) == 1:  # the default pool alone: nothing to add
         return views
-    return {name: (replace(v, in_flight=True)
-                   if v.spec.heavy and not v.in_flight and name in busy.get(v.spec.pool, ())
-                   else v)
-            for name, v in views.items()}
+    # Walk the holders (a few per pool), not the views (a tick may view 10,000 due lanes):
+    # the views are copied only when a holder among them changes.
+    out: dict[str, LaneView] | None = None
+    for pool, lanes in busy.items():
+        for name in lanes:
+            v = views.get(name)
+            if v is None or not v.spec.heavy or v.in_flight or v.spec.pool != pool:
+                continue
+            if out is None:
+                out = dict(views)
+            out[name] = replace(v, in_flight=True)
+    return views if out is None else out
 
 
 def _first(busy: Mapping[str, Sequence[str]], pool: str) -> str | None:

@@ -294,7 +294,9 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
                   if (st := e.memory.states.get(lane)) is not None and e.lanes.spec(lane)}
         # Each pool's slot leases, read after the lane records (a run ending in between
         # reads as running on a free slot, and its record changed: nothing is marked lost).
-        slots = e.slots.read() if e.slots else {}
+        # With no lane in focus nothing needs them unless the tick plans (read there): the
+        # idle tick stays one round trip with pools declared.
+        slots = e.slots.read() if e.slots and states else {}
         if snap.epoch.quarantine_left_s == 0:  # records lost in a state loss can't be judged
             # Before dispatching: a new run of the lane, started within milliseconds of its
             # message, would replace the dead run's mark before this could record it.
@@ -307,6 +309,8 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
                             (), {})
             next_look = snap.next_look
         else:
+            if e.slots and not states:
+                slots = e.slots.read()
             plan = plan_tick(
                 [e.lanes.specs[lane] for lane in states],
                 TickInput(states=states, lease=snap.lease, paused=snap.paused,
