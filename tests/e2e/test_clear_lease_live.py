@@ -151,3 +151,45 @@ def test_terminate_frees_the_lease_only_after_the_holder_process_stopped(
     record = json.loads(e2e_redis.hget(f"{PREFIX}:lanes", f"{LANE}|run"))
     assert record["last_task_id"] == holder.task_id
     assert record["last_outcome"] == "failed" or record["last_reason"].startswith("cleared")
+
+
+def test_a_pool_slot_is_cleared_by_the_same_rules(e2e_redis: redis.Redis,
+                                                   cluster: Cluster) -> None:
+    """``--pool gpu --slot I``: a busy solo holder of a gpu slot is never cut off; a slot out
+    of range names the declared pools; ``--stop`` ends the holder at a checkpoint."""
+    cluster.env.update({"SCHEDPROJ_LANE_MODULES": "tests.pool_clear_e2e",
+                        "SCHEDPROJ_POOLS": "gpu=2"})
+    worker = cluster.start("gpuS", "worker", "-Q", "gpu", "-P", "solo", "-n", "gpuS@%h",
+                           "--without-gossip", "--without-mingle", "--without-heartbeat",
+                           "-l", "info")
+    wait_for(lambda: "ready." in worker.text() or not worker.alive(), 30, "gpuS ready")
+    cluster.beat("beat1")
+    slots = [HeavyLease(e2e_redis, Keys(PREFIX).slot("gpu", i)) for i in range(2)]
+    found: list[tuple[int, Any]] = []
+
+    def started() -> bool:
+        found[:] = [(i, x) for i, lease in enumerate(slots) for x in [lease.read()]
+                    if x is not None and x.started_at is not None]
+        return bool(found)
+    wait_for(started, 40, "the pool lane running on a gpu slot")
+    slot, holder = found[0]
+    assert (holder.lane, (holder.node or "").split("@")[0]) == ("e2e.pool-long", "gpuS")
+    where = ["--pool", "gpu", "--slot", str(slot)]
+
+    refused = clear_lease(cluster, *where)
+    assert refused.returncode != 0, refused.stdout + refused.stderr
+    assert f"holds slot {slot} of pool gpu" in refused.stderr, refused.stderr
+    assert f"clear-lease --pool gpu --slot {slot} --stop" in refused.stderr, refused.stderr
+    wrong = clear_lease(cluster, "--pool", "gpu", "--slot", "2")
+    assert wrong.returncode != 0 and "pool gpu has 2 slots (0 to 1)" in wrong.stderr
+    assert "heavy (1 slot), gpu (2 slots)" in wrong.stderr, wrong.stderr
+    current = slots[slot].read()
+    assert current is not None and current.token == holder.token, "the holder was cut off"
+
+    stopped = clear_lease(cluster, *where, "--stop", "--wait", "30")
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert f"yielded; slot {slot} of pool gpu is free" in stopped.stdout
+    record = json.loads(e2e_redis.hget(f"{PREFIX}:lanes", "e2e.pool-long|run"))
+    assert record["last_task_id"] == holder.task_id
+    assert (record["last_outcome"], record["last_reason"]) == ("yielded", "operator-stop")
+    assert_no_overlap(e2e_redis)
