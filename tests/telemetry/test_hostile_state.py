@@ -339,3 +339,32 @@ def test_an_unknown_family_error_lists_the_families_without_terminal_control(
     code, text = tools.status("--family", "nope")
     assert code != 0 and "no lane family 'nope'" in text and FAMILY in text
     assert "\x1b" not in text and "\x07" not in text, text
+
+
+# -- pools ------------------------------------------------------------------------------------
+
+def test_spoiled_pools_are_reported_and_every_tool_answers(tools: Tools) -> None:
+    """Pools in the registry that are no pools, a slot record that is garbage, a pool's
+    pressure hash of the wrong type, a journaled run naming slots that are no slots."""
+    client, keys = tools.client, tools.keys
+    registry = json.loads(client.get(keys.published_lanes))
+    registry["pools"] = {"gpu": 2, "bad name": 2, "huge": HUGE, "light": 3, "zero": 0}
+    client.set(keys.published_lanes, json.dumps(registry))
+    client.set(keys.slot("gpu", 1).lease, ESCAPES + "{not json")
+    client.rpush(keys.slot("gpu", 0).pressure, "a list")
+    client.rpush(keys.journal, json.dumps(
+        {"ev": "start", "lane": "x.heavy", "task": "p1", "fence": 5, "t": time.time() - 5,
+         "pool": "gpu", "slots": [0, -1, "x", 10**9, 1]}))
+    said = check_every_tool(tools)
+    status = strict_json(said["json"])
+    pools = {p["pool"]: p for p in status["pools"]}
+    assert set(pools) == {"heavy", "gpu"}
+    # The unreadable slot counts as busy, by nobody known: nothing is granted over it.
+    assert pools["gpu"]["busy"] == 1 and pools["gpu"]["holders"][0]["holder"] == ""
+    for bad in ("'bad name'", "'huge'", "'light'", "'zero'"):
+        assert any(f"pool {bad}" in p for p in status["problems"]), (bad, status["problems"])
+    assert any(keys.slot("gpu", 0).pressure in p for p in status["problems"])
+    assert "pool gpu: 1/2 slots busy" in said["plain"]
+    assert 'schedproj_pool_slots{pool="gpu"} 2.0' in said["/metrics"]
+    # The journaled run is drawn on the slots that are slots of the pool (0 and 1) only.
+    assert re.findall(r'data-task="p1"[^>]*data-slot="(\d+)"', said["/"]) == ["0", "1"]
