@@ -35,6 +35,15 @@ def test_lanes_json_lists_declared_lanes_in_declared_order() -> None:
     assert {lane["queue"] for lane in data["lanes"]} == {"heavy", "light"}
 
 
+def test_lanes_lists_a_pool_lanes_queue_as_its_pools() -> None:
+    out = run("lanes", "--lanes", "tests.pools_e2e", "--json",
+              env={"SCHEDPROJ_POOLS": "gpu=2", "SCHEDPROJ_REDIS_URL": E2E_REDIS_URL})
+    assert out.returncode == 0, out.stderr
+    queues = {lane["lane"]: lane["queue"] for lane in json.loads(out.stdout)["lanes"]}
+    assert queues["e2e.gpu.both"] == queues["e2e.gpu.0"] == "gpu"
+    assert queues["e2e.heavy.0"] == "heavy"
+
+
 def test_lanes_reports_a_bad_module_without_a_traceback() -> None:
     out = run("lanes", "--lanes", "no.such.module")
     assert out.returncode != 0
