@@ -4,6 +4,8 @@ posture the watchdog alarms on."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from schedproj.core.deferrals import Deferral
@@ -178,3 +180,28 @@ def test_deferral_chain_cuts_a_cycle_instead_of_following_it() -> None:
     assert deferral_chain({"a": "b", "b": "a"}) == ("a", "b")
     assert deferral_chain({"a": "a"}) == ("a",)
     assert deferral_chain({"a": "b", "b": "c", "c": "b"}) == ("a", "b", "c")
+
+
+def test_each_pool_shows_its_slots_holders_and_ranked_waiters() -> None:
+    def gpu(name: str, **over: object) -> LaneSpec:
+        return replace(spec(name), pool="gpu", **over)
+
+    ran = {name: LaneState(run=RunRecord(last_run_at=NOW - ago)) for name, ago in
+           (("held", 500), ("low", 250), ("heavier", 150), ("p0", 110), ("fresh", 10))}
+    specs = [gpu("held"), gpu("low"), gpu("heavier", weight=2.0), gpu("p0", priority0=True),
+             gpu("fresh"), spec("plain")]
+    slot = LeaseView(lane="held", token="t", fence=7, granted_at=NOW - 40,
+                     started_at=NOW - 30)
+    h = assess(specs, ran, None, NOW, Profile.LOCAL, starvation_threshold_s=THRESHOLD,
+               hold_cap_s=CAP, pools={"gpu": 2}, slots={"gpu": [None, slot]})
+    rows = {row.name: row for row in h.lanes}
+    assert rows["held"].queue == "gpu" and rows["held"].in_flight
+    assert rows["plain"].queue == "heavy" and not rows["plain"].in_flight
+    heavy, pool = h.pools
+    assert (heavy.pool, heavy.slots, heavy.busy, heavy.waiters) == ("heavy", 1, 0, ("plain",))
+    assert (pool.pool, pool.slots, pool.busy) == ("gpu", 2, 1)
+    (holder,) = pool.holders
+    assert (holder.slot, holder.holder, holder.fence, holder.held_s) == (1, "held", 7, 30.0)
+    # Beat's ranking: priority-0 first, then the weighted ratio (2 x 1.5 = 3 > 2.5); the
+    # holder and the lane not yet due do not wait.
+    assert pool.waiters == ("p0", "heavier", "low") and pool.waiting == 3
