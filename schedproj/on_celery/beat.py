@@ -292,11 +292,7 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
             (lane for lane in snap.looked if lane in snap.states), snap.lease, e.lanes.always)
         states = {lane: st for lane in focus
                   if (st := e.memory.states.get(lane)) is not None and e.lanes.spec(lane)}
-        # Each pool's slot leases, read after the lane records (a run ending in between
-        # reads as running on a free slot, and its record changed: nothing is marked lost).
-        # With no lane in focus nothing needs them unless the tick plans (read there): the
-        # idle tick stays one round trip with pools declared.
-        slots = e.slots.read() if e.slots and states else {}
+        slots = self._read_slots(needed=bool(states))
         if snap.epoch.quarantine_left_s == 0:  # records lost in a state loss can't be judged
             # Before dispatching: a new run of the lane, started within milliseconds of its
             # message, would replace the dead run's mark before this could record it.
@@ -309,8 +305,7 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
                             (), {})
             next_look = snap.next_look
         else:
-            if e.slots and not states:
-                slots = e.slots.read()
+            slots = slots if states else self._read_slots(needed=True)
             plan = plan_tick(
                 [e.lanes.specs[lane] for lane in states],
                 TickInput(states=states, lease=snap.lease, paused=snap.paused,
@@ -333,6 +328,14 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         interval = self._wait(plan, next_look, now)
         self._refusal_said = ""
         return interval
+
+    def _read_slots(self, needed: bool) -> dict[str, list[LeaseView | None]]:
+        """Each pool's slot leases (none when no pool beyond the default is declared, or not
+        ``needed``), read after the lane records: a run ending in between reads as running on
+        a free slot, and its record changed, so nothing is marked lost. A tick with no lane in
+        focus needs them only if it plans (no lapsed slot run to judge otherwise): the idle
+        tick stays one round trip with pools declared."""
+        return self.engine.slots.read() if needed and self.engine.slots else {}
 
     def _publish_pressure(self, plan: Plan, snap: Snapshot,
                           slots: dict[str, list[LeaseView | None]], *, partial: bool,
