@@ -399,6 +399,53 @@ def _entry_profile_md(s: dict[str, Any]) -> str:
     return out
 
 
+def pools_md(s: dict[str, Any]) -> str:
+    """Issue 22's benchmark: the pools against the single lease, interleaved in one process."""
+    rank, idle = s["rank"], s["idle"]
+    pools = ", ".join(f"{name} ({slots})" for name, slots in s["pools"]["pools"])
+    rows = []
+    for label, key, path in (("rank + grant tick (beat, Redis included)", "rank",
+                              ("rank_tick",)),
+                             ("the tick after it, every slot held", "rank", ("held_tick",)),
+                             ("plan_tick alone (core, no Redis)", "plan", ()),
+                             ("idle tick", "idle", ())):
+        src = rank["plan"] if key == "plan" else rank if key == "rank" else idle
+        one, many = g(src, "single", *path), g(src, "pools", *path)
+        ratio = {"rank": rank["ratio_rank_pools_over_single"] if path == ("rank_tick",)
+                 else rank["ratio_held_pools_over_single"],
+                 "plan": rank["ratio_plan_pools_over_single"],
+                 "idle": idle["ratio_pools_over_single"]}[key]
+        rows.append((label, g(one, "ms", "median"), g(one, "ms", "p90"),
+                     g(one, "round_trips", "median"), g(many, "ms", "median"),
+                     g(many, "ms", "p90"), g(many, "round_trips", "median"), ratio))
+    goals = s["goals"]
+    return (f"{fmt(s['lanes'])} due heavy lanes (four families of a quarter each) in the "
+            f"single lease against the same lanes in four pools: {pools} slots. Two "
+            "schedulers in one process, their ticks interleaved; "
+            f"{fmt(rank['cycles'])} ranking cycles and {fmt(idle['reps'])} idle ticks each; "
+            f"grants per ranking tick: {rank['grants']['single']} and "
+            f"{rank['grants']['pools']}; load average at start / end "
+            f"{s['load_average_at_start']} / {s['load_average_at_end']}.\n\n"
+            + table(("tick", "single lease (ms, median)", "p90", "round trips",
+                     "four pools (ms, median)", "p90", "round trips", "pools / single"), rows)
+            + f"\nGoals (issue 22): rank + grant within 1.2x the single lease — "
+            f"{fmt(goals['rank_within_1.2x_single'])}; idle tick unchanged within noise "
+            f"(same round trips, median within 1.1x) — {fmt(goals['idle_within_noise'])}.\n"
+            + _pools_profile_md(s))
+
+
+def _pools_profile_md(s: dict[str, Any]) -> str:
+    prof = g(s, "rank", "profile")
+    if not prof:
+        return ""
+    out = "\nProfile of one tick and one plan of each side (cProfile, cumulative time):\n"
+    for scenario, rows_ in prof.items():
+        out += f"\n*{scenario}*\n\n" + table(
+            ("function", "calls", "cumulative (ms)", "own (ms)"),
+            [(r["function"], r["calls"], r["cumtime_ms"], r["tottime_ms"]) for r in rows_])
+    return out
+
+
 def markdown(results: dict[str, Any]) -> str:
     parts = ["## Machine\n\n" + machine_md(results["machine"])]
     sections = results.get("sections", {})
@@ -410,7 +457,9 @@ def markdown(results: dict[str, Any]) -> str:
               ("handoff_scale", "Hand-off gap with many lanes declared", handoff_scale_md),
               ("handoff_breakdown", "Where the hand-off gap goes (traced)",
                handoff_breakdown_md),
-              ("entries", "Schedule entries: start-up, idle tick and memory", entries_md))
+              ("entries", "Schedule entries: start-up, idle tick and memory", entries_md),
+              ("pools", "Pools: rank and grant across four pools, and the idle tick",
+               pools_md))
     for key, title, fn in render:
         if key in sections:
             parts.append(f"## {title}\n\n{fn(sections[key])}")

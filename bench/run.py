@@ -24,7 +24,7 @@ from bench.cluster import ROOT
 from bench.stats import ratio
 from schedproj.devtools.embedded import private_redis
 
-SECTIONS = ("handoff", "tick", "light_delay", "throughput", "handoff_scale", "entries")
+SECTIONS = ("handoff", "tick", "light_delay", "throughput", "handoff_scale", "entries", "pools")
 #: Sections run only when named in ``--sections``.
 EXTRA_SECTIONS = ("handoff_breakdown",)
 SCHEDULERS = ("fair", "redbeat", "persistent")
@@ -276,10 +276,24 @@ def entries_goals(by_size: dict[str, dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+# -- pools (issue 22) -----------------------------------------------------------------------------
+
+def pools_section(url: str, lanes: int, smoke: bool) -> dict[str, Any]:
+    """Rank and grant with N due heavy lanes across four pools (1+2+3+4 slots) against the
+    same lanes in the single lease, and the idle tick with pools declared against none: two
+    schedulers in one process, their ticks interleaved (``bench/pools.py``)."""
+    say(f"pools: {lanes} due heavy lanes, four pools against the single lease, interleaved")
+    argv = [sys.executable, "-m", "bench.pools", "--lanes", str(lanes), "--redis", url,
+            "--cycles", "3" if smoke else "30", "--plans", "3" if smoke else "30",
+            "--idle-reps", "20" if smoke else "1000", "--profile"]
+    return run_json(argv)
+
+
 # -- main ------------------------------------------------------------------------------------------
 
 def run_sections(url: str, sections: list[str], lanes: list[int], smoke: bool,
-                 opts: live.LiveOptions, entries: list[int]) -> dict[str, Any]:
+                 opts: live.LiveOptions, entries: list[int],
+                 pool_lanes: int = 10_000) -> dict[str, Any]:
     steps: dict[str, Callable[[], dict[str, Any]]] = {
         "handoff": lambda: live.handoff_section(url, opts),
         "tick": lambda: tick_section(url, lanes, smoke),
@@ -289,6 +303,7 @@ def run_sections(url: str, sections: list[str], lanes: list[int], smoke: bool,
             url, opts, large=500 if smoke else 100_000),
         "entries": lambda: entries_section(url, entries, smoke),
         "handoff_breakdown": lambda: handoff.breakdown_section(url, opts),
+        "pools": lambda: pools_section(url, pool_lanes, smoke),
     }
     out: dict[str, Any] = {}
     for name in sections:
@@ -313,6 +328,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--entries", default=None,
                         help="beat_schedule entry counts for the entries section (default "
                              "1000,10000,100000; smoke 1000)")
+    parser.add_argument("--pool-lanes", type=int, default=None,
+                        help="due heavy lanes in the pools section (default 10000, smoke 100)")
     parser.add_argument("--interval", type=float, default=None,
                         help="beat loop interval in the live scenarios (default 3 s, smoke "
                              "0.5 s): SCHEDPROJ_BEAT_MAX_LOOP_INTERVAL_S")
@@ -348,7 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     with private_redis() as url:
         say(f"private Redis at {url}")
-        results["sections"] = run_sections(url, sections, lanes, args.smoke, opts, entries)
+        pool_lanes = args.pool_lanes or (100 if args.smoke else 10_000)
+        results["sections"] = run_sections(url, sections, lanes, args.smoke, opts, entries,
+                                           pool_lanes)
     results["elapsed_s"] = round(time.monotonic() - started, 1)
     results["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     if args.plots:

@@ -49,11 +49,12 @@ def test_every_section_ran(smoke: tuple[dict[str, Any], str]) -> None:
     results, text = smoke
     assert results["smoke"] is True
     assert set(results["sections"]) == {"handoff", "tick", "light_delay", "throughput",
-                                        "handoff_scale", "entries"}
+                                        "handoff_scale", "entries", "pools"}
     assert results["machine"]["cpu"] and results["machine"]["cores"]
     for title in ("Lease hand-off gap", "Tick cost", "Light dispatch delay",
                   "Light-path throughput", "Hand-off gap with many lanes declared",
-                  "Schedule entries: start-up, idle tick and memory"):
+                  "Schedule entries: start-up, idle tick and memory",
+                  "Pools: rank and grant across four pools, and the idle tick"):
         assert f"## {title}" in text
     if importlib.util.find_spec("matplotlib") is not None:
         assert len(results["plots"]) == 2
@@ -173,3 +174,31 @@ def test_entries_figures(smoke: tuple[dict[str, Any], str]) -> None:
     assert row["ratios"]["idle_fair_over_redbeat"] == row["pair"]["idle_pair"]["ratio"]
     assert isinstance(s["goals"]["idle_within_1x_redbeat"], bool)
     assert isinstance(s["goals"]["startup_within_0.5x_redbeat"], bool)
+
+
+def test_pools_figures(smoke: tuple[dict[str, Any], str]) -> None:
+    """Issue 22's benchmark at 100 lanes: both sides ranked and granted every cycle (the run
+    asserts 1 grant and 1+2+3+4 = 10, and that the held and idle ticks sent nothing), and
+    every figure and ratio the goals are judged on is produced."""
+    s = smoke[0]["sections"]["pools"]
+    assert s["lanes"] == 100
+    rank, idle = s["rank"], s["idle"]
+    assert rank["grants"] == {"single": 1, "pools": 10}
+    for side in ("single", "pools"):
+        for tick in ("rank_tick", "held_tick"):
+            number(rank, side, tick, "ms", "median")
+            number(rank, side, tick, "ms", "p90")
+            assert number(rank, side, tick, "round_trips", "median") >= 1
+        number(rank, "plan", side, "ms", "median")
+        number(idle, side, "ms", "median")
+        number(idle, side, "ms", "p90")
+    # Pools declared, nothing due: the idle tick is the read alone, as without pools.
+    assert idle["pools"]["round_trips"]["median"] == idle["single"]["round_trips"]["median"]
+    for key in ("ratio_rank_pools_over_single", "ratio_held_pools_over_single",
+                "ratio_plan_pools_over_single"):
+        number(rank, key)
+    number(idle, "ratio_pools_over_single")
+    assert rank["profile"]["rank_pools"] and rank["profile"]["plan_pools"]
+    assert isinstance(s["goals"]["rank_within_1.2x_single"], bool)
+    assert s["goals"]["idle_round_trips_unchanged"] is True
+    assert len(s["load_average_at_start"]) == 3
