@@ -13,6 +13,7 @@ the raw record it read); the records themselves come from :func:`lifecycle.lost`
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from schedproj.core import lifecycle
@@ -71,6 +72,15 @@ def has_lapsed(run: RunRecord, *, heavy: bool, lease: LeaseView | None, now: flo
     return run.running_until is not None and now >= run.running_until + grace_s
 
 
+def slot_lease(leases: Iterable[LeaseView | None], run: RunRecord) -> LeaseView | None:
+    """Of the slot leases of a run's pool, the one naming the running run ``run`` names (a
+    run holding k slots: any of them, as its end releases them one by one, the last with its
+    record); None when none does, and the run lapsed (:func:`has_lapsed` judges it)."""
+    task = run.running_task_id
+    return next((lease for lease in leases
+                 if lease is not None and task and lease.task_id == task), None)
+
+
 def same_run(judged: RunRecord, stored: RunRecord) -> bool:
     """Does the record read now still name the running run judged on an older copy? (If not,
     it ended or a newer run marked it since: that run is not lost.)"""
@@ -120,4 +130,4 @@ def vanished_run(gone: LeaseView, record: RunRecord, *, now: float,
 
 
 __all__ = ["CLEARED_HOW", "LostRun", "cleared", "explain", "follow_lease", "has_lapsed",
-           "lapsed_run", "same_run", "vanished_run"]
+           "lapsed_run", "same_run", "slot_lease", "vanished_run"]

@@ -54,7 +54,7 @@ from schedproj.settings import Settings
 from schedproj.store.entry_store import EntryStore
 from schedproj.store.families import FamilyStore
 from schedproj.store.lane_store import Snapshot
-from schedproj.store.lease import PoolSlots, holders, slot_holders
+from schedproj.store.lease import PoolSlots, holders
 from schedproj.telemetry import metrics
 from schedproj.telemetry.sentry import crons_exclusions, crons_schedule, init_sentry
 
@@ -296,7 +296,7 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         if snap.epoch.quarantine_left_s == 0:  # records lost in a state loss can't be judged
             # Before dispatching: a new run of the lane, started within milliseconds of its
             # message, would replace the dead run's mark before this could record it.
-            e.recovery.record_lapsed_runs(snap, states, now, slot_holders(slots))
+            e.recovery.record_lapsed_runs(snap, states, now, slots)
         plan: Plan | None = None
         if self._nothing_to_plan(snap, states, now):
             # The idle tick: what planning would leave, without planning. The cursor and the

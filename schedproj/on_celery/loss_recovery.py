@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 import redis
@@ -72,6 +72,8 @@ class LossRecovery:
         self.grace_s = grace_s
         #: The started heavy lease seen last tick (``lostruns.follow_lease``).
         self.started_lease: LeaseView | None = None
+        #: The same for each slot of the pools beyond the default, by (pool, slot).
+        self.started_slots: dict[tuple[str, int], LeaseView] = {}
         #: Last runs this beat estimated after a state loss, kept until the lane's record says
         #: it ran: a second loss before then keeps the earlier estimate, so losses that come
         #: faster than a cadence never push a lane's turn back for ever.
@@ -83,6 +85,7 @@ class LossRecovery:
     def stand_by(self) -> None:
         """Another beat judges runs and keeps the lanes' records now."""
         self.started_lease = None
+        self.started_slots = {}
         self.estimated = {}
 
     def put_back(self, remembered: dict[str, RunRecord], now: float) -> None:
@@ -118,42 +121,23 @@ class LossRecovery:
             if state.run.last_reason != lifecycle.ESTIMATED_AFTER_LOSS:
                 self.estimated.pop(lane, None)
 
-    def record_vanished_run(self, snap: Snapshot, now: float) -> None:
-        """Record as lost a heavy run whose lease, seen started on an earlier tick, is gone
-        while its record neither says it ended nor that it is running
-        (:func:`lostruns.vanished_run`)."""
-        self.started_lease, gone = lostruns.follow_lease(self.started_lease, snap.lease)
-        if gone is None:
-            return
-        raw = snap.raw.get(run_field(gone.lane))
-        read = snap.states.get(gone.lane)
-        if raw is not None and read is not None:
-            # The run's end changed its record, so this tick read it already (a normal
-            # hand-off costs no extra round trip); mark_lost compares and sets on this raw.
-            record = read.run
-        else:
-            try:
-                raw, record = self.store.read_run_raw(gone.lane)
-            except StateError:
-                return  # unreadable: reported by the tick, never overwritten
-        lost = lostruns.vanished_run(gone, record, now=now, put_back_at=self.put_back_at)
-        if lost is not None:
-            self._write(lost, raw or "")
-
     def record_lapsed_runs(self, snap: Snapshot, states: Mapping[str, LaneState],
-                           now: float, slot_leases: Mapping[str, LeaseView] | None = None,
+                           now: float,
+                           slots: Mapping[str, Sequence[LeaseView | None]] | None = None,
                            ) -> None:
         """Record as lost every run that started and whose lease (heavy: the heavy lease, or
-        for a lane of a pool beyond the default the slot lease naming it, ``slot_leases``
-        by lane) or in-flight mark (light) lapsed with no end recorded
-        (:func:`lostruns.has_lapsed`)."""
-        held = slot_leases or {}
+        for a lane of a pool beyond the default its slot leases in ``slots``, each pool's
+        slots as read this tick) or in-flight mark (light) lapsed with no end recorded
+        (:func:`lostruns.has_lapsed`); then the pool runs whose slot lease went before their
+        start was recorded (:meth:`record_vanished_slot_runs`)."""
+        held = slots or {}
         for lane, state in states.items():
             spec = self.lanes.specs.get(lane)
             run = state.run
             if spec is None:
                 continue
-            lease = snap.lease if spec.pool == DEFAULT_POOL else held.get(lane)
+            lease = (snap.lease if spec.pool == DEFAULT_POOL
+                     else lostruns.slot_lease(held.get(spec.pool, ()), run))
             if not lostruns.has_lapsed(run, heavy=spec.heavy, lease=lease, now=now,
                                        grace_s=self.grace_s):
                 continue
@@ -169,6 +153,55 @@ class LossRecovery:
             if raw is not None:
                 self._write(lostruns.lapsed_run(lane, run, heavy=spec.heavy, now=now,
                                                 put_back_at=self.put_back_at), raw)
+        if slots:
+            self.record_vanished_slot_runs(snap, slots, now)
+
+    def record_vanished_slot_runs(self, snap: Snapshot,
+                                  slots: Mapping[str, Sequence[LeaseView | None]],
+                                  now: float) -> None:
+        """:meth:`record_vanished_run` for each slot of the pools beyond the default: a pool
+        run whose slot lease, seen started on an earlier read, is gone while its record
+        neither says it ended nor that it runs. A run holding k slots is judged once, and
+        only when none of its slots names it any more."""
+        alive = {lease.task_id for leases in slots.values() for lease in leases
+                 if lease is not None and lease.task_id}
+        judged: set[str] = set()
+        for pool, leases in slots.items():
+            for index, lease in enumerate(leases):
+                seen = self.started_slots.get((pool, index))
+                remember, gone = lostruns.follow_lease(seen, lease)
+                if remember is None:
+                    self.started_slots.pop((pool, index), None)
+                else:
+                    self.started_slots[(pool, index)] = remember
+                if gone is None or not gone.task_id or gone.task_id in alive | judged:
+                    continue
+                judged.add(gone.task_id)
+                self._judge_vanished(snap, gone, now)
+
+    def record_vanished_run(self, snap: Snapshot, now: float) -> None:
+        """Record as lost a heavy run whose lease, seen started on an earlier tick, is gone
+        while its record neither says it ended nor that it is running
+        (:func:`lostruns.vanished_run`)."""
+        self.started_lease, gone = lostruns.follow_lease(self.started_lease, snap.lease)
+        if gone is not None:
+            self._judge_vanished(snap, gone, now)
+
+    def _judge_vanished(self, snap: Snapshot, gone: LeaseView, now: float) -> None:
+        raw = snap.raw.get(run_field(gone.lane))
+        read = snap.states.get(gone.lane)
+        if raw is not None and read is not None:
+            # The run's end changed its record, so this tick read it already (a normal
+            # hand-off costs no extra round trip); mark_lost compares and sets on this raw.
+            record = read.run
+        else:
+            try:
+                raw, record = self.store.read_run_raw(gone.lane)
+            except StateError:
+                return  # unreadable: reported by the tick, never overwritten
+        lost = lostruns.vanished_run(gone, record, now=now, put_back_at=self.put_back_at)
+        if lost is not None:
+            self._write(lost, raw or "")
 
     def _cleared(self, lost: LostRun) -> LostRun:
         """``lost`` as an operator's clear of its lease explains it, if one does
@@ -184,12 +217,22 @@ class LossRecovery:
             return lost
         return lostruns.cleared(lost, action=request.action, task_id=request.task_id)
 
+    def _slot_keys(self, lane: str) -> list[str]:
+        """The lease keys of every slot of ``lane``'s pool when it is a pool beyond the
+        default (its run is alive while any of them names it); none for the default pool,
+        whose one slot is the heavy lease."""
+        spec = self.lanes.spec(lane)
+        pool = self.lanes.lanes.pools.get(spec.pool) if spec is not None else None
+        if pool is None or pool.name == DEFAULT_POOL:
+            return []
+        return [self.keys.slot(pool.name, i).lease for i in range(pool.slots)]
+
     def _write(self, lost: LostRun, raw: str) -> None:
         """Record the loss (compare and set on ``raw``); said, counted and journaled. A run an
         operator cleared is recorded, said and journaled as ``cleared``, not counted lost."""
         lost = self._cleared(lost)
         if not self.store.mark_lost(lost.lane, raw, lost.record, task_id=lost.task_id,
-                                    heavy=lost.heavy):
+                                    heavy=lost.heavy, leases=self._slot_keys(lost.lane)):
             return
         if lost.cleared:
             logger.warning("lane %s: run %s cleared %s", lost.lane, lost.task_id, lost.why)

@@ -449,11 +449,13 @@ class LaneStore:
         return int(code) == 1, str(reason)
 
     def mark_lost(self, lane: str, expected: str, record: RunRecord, *, task_id: str,
-                  heavy: bool) -> bool:
+                  heavy: bool, leases: Sequence[str] = ()) -> bool:
         """Record a run lost (compare and set on ``expected``; for a heavy run only while no
-        lease names it). True if recorded."""
-        done = self._mark_lost(keys=[self.keys.lanes, self.keys.lease, self.keys.changed,
-                                     self.keys.due, self.keys.epoch],
+        lease names it: the heavy lease, or the slot leases ``leases`` of a run of a pool
+        beyond the default, every slot of its pool). True if recorded."""
+        first, *others = leases or [self.keys.lease]
+        done = self._mark_lost(keys=[self.keys.lanes, first, self.keys.changed,
+                                     self.keys.due, self.keys.epoch, *others],
                                args=[run_field(lane), expected, encode(record), task_id,
                                      "1" if heavy else "0", lane])
         return int(done) == 1

@@ -148,6 +148,71 @@ def test_a_running_pool_run_is_not_lost_until_its_slot_lease_is_gone(
     sched.close()
 
 
+def test_a_pool_run_whose_slot_went_before_its_start_was_recorded_is_lost(
+        key_prefix: str, gpu_queue: redis.Redis, redis_client: redis.Redis) -> None:
+    """A worker that started its run's slot lease and died before the run's record said so:
+    beat saw the slot started, then gone, and records the run lost (as for the heavy lease);
+    a run still holding its slot is left alone."""
+    keys = Keys(key_prefix)
+    now = time.time()
+    for lane in ("t.gpu-0", "t.gpu-1"):
+        redis_client.hset(keys.lanes, f"{lane}|run", json.dumps({
+            "v": 1, "last_run_at": now - 30, "last_task_id": "done-0", "fence": 1}))
+    for index, (lane, task) in enumerate((("t.gpu-0", "died-1"), ("t.gpu-1", "alive-2"))):
+        lease = HeavyLease(redis_client, keys.slot("gpu", index))
+        assert lease.acquire(lane, f"tok{index}", 30.0, now, task_id=task).granted
+        assert lease.start(f"tok{index}", 30.0, now, lane=lane, task_id=task)[0]
+    sched = FairScheduler(app=build(key_prefix))
+    sched.tick()  # both slots seen started
+    redis_client.delete(keys.slot("gpu", 0).lease)  # its lease lapsed: the worker is gone
+    redis_client.sadd(keys.changed, "t.gpu-2")  # a lane to look at: the tick reads the slots
+    sched.tick()
+    journal = [json.loads(e) for e in redis_client.lrange(keys.journal, 0, -1)]
+    assert [e["task"] for e in journal if e.get("ev") == "lost"] == ["died-1"], journal
+    run = json.loads(redis_client.hget(keys.lanes, "t.gpu-0|run"))
+    assert (run["last_task_id"], run["last_outcome"]) == ("died-1", "lost")
+    alive = json.loads(redis_client.hget(keys.lanes, "t.gpu-1|run"))
+    assert alive["last_task_id"] == "done-0"
+    sched.close()
+
+
+def test_a_run_of_two_slots_is_judged_on_both(key_prefix: str, gpu_queue: redis.Redis,
+                                              redis_client: redis.Redis) -> None:
+    """A run holding two slots is alive while either names it (its end releases them one by
+    one); with neither, it is lost, once, and both slots are free for the next grant."""
+    keys = Keys(key_prefix)
+
+    def lanes(app: Celery) -> None:
+        app.task(shared=False, base=LaneTask, name="t.train",
+                 lane=Lane(cadence_s=60, pool="gpu", slots=2))(nothing)
+
+    app = make_app(key_prefix, lanes, beat_max_loop_interval_s=0.2, beat_lock_ttl_s=1.0,
+                   start_deadline_s=5.0, pools="gpu=2")
+    now = time.time()
+    redis_client.hset(keys.lanes, "t.train|run", json.dumps({
+        "v": 1, "last_run_at": now - 30, "last_task_id": "done-0", "running_task_id": "big-1",
+        "running_since": now - 5, "fence": 1}))
+    second = HeavyLease(redis_client, keys.slot("gpu", 1))
+    assert second.acquire("t.train", "tok", 30.0, now, task_id="big-1").granted
+    assert second.start("tok", 30.0, now, lane="t.train", task_id="big-1")[0]
+    sched = FairScheduler(app=app)
+    sched.tick()  # slot 0 is free, slot 1 still names the run: alive, and not sent again
+    assert json.loads(redis_client.hget(keys.lanes, "t.train|run"))["running_task_id"] == (
+        "big-1")
+    assert queued(gpu_queue, "gpu") == []
+    assert second.release("tok")
+    redis_client.sadd(keys.changed, "t.train")
+    sched.tick()
+    journal = [json.loads(e) for e in redis_client.lrange(keys.journal, 0, -1)]
+    assert [e["task"] for e in journal if e.get("ev") == "lost"] == ["big-1"], journal
+    sched.tick()  # judged once: the lost record is the lane's now
+    journal = [json.loads(e) for e in redis_client.lrange(keys.journal, 0, -1)]
+    assert [e["task"] for e in journal if e.get("ev") == "lost"] == ["big-1"], journal
+    run = json.loads(redis_client.hget(keys.lanes, "t.train|run"))
+    assert (run["last_task_id"], run["last_outcome"]) == ("big-1", "lost")
+    sched.close()
+
+
 def test_a_quarantine_grants_nothing_in_any_pool(key_prefix: str, gpu_queue: redis.Redis,
                                                  redis_client: redis.Redis) -> None:
     keys = Keys(key_prefix)

@@ -14,6 +14,7 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from schedproj.core import lifecycle
 from schedproj.core.pools import Pool
 from schedproj.core.records import RunRecord
 from schedproj.store.lane_store import LaneStore
@@ -208,3 +209,30 @@ def test_a_run_end_under_its_slot_releases_that_slot_and_wakes_beat(client: redi
     assert gpu1.read() is None
     assert heavy.read() is not None  # the heavy lease is another slot, of another pool
     assert client.lrange(keys.wake, 0, -1) == ["embed:completed"]
+
+
+def test_a_pool_run_is_not_marked_lost_while_any_slot_of_its_pool_names_it(
+        client: redis.Redis, keys: Keys) -> None:
+    """The compare and set that records a pool run lost reads the run's own slots, not the
+    heavy lease: a run of two slots whose end released slot 0 and still holds slot 1 (its end
+    releases them one by one) is alive; once no slot names it, it is recorded lost."""
+    store = LaneStore(client, keys)
+    store.snapshot(token(), 5.0, 0.0)  # the epoch is known: a loss may be recorded
+    client.zadd(keys.due, {"train": 0})
+    running = RunRecord(running_task_id="t2", running_since=time.time(), fence=1)
+    store.put_back_runs({"train": running})
+    raw = str(client.hget(keys.lanes, "train|run"))
+    tok = token()
+    assert slot(client, keys, 1).acquire("train", tok, LONG_TTL, time.time(),
+                                         task_id="t2").granted
+    assert slot(client, keys, 1).start(tok, LONG_TTL, time.time(), lane="train",
+                                       task_id="t2")[0]
+    lost = lifecycle.lost(running, now=time.time(), why="test")
+    slot_keys = [keys.slot(POOL, i).lease for i in (0, 1)]
+    assert not store.mark_lost("train", raw, lost, task_id="t2", heavy=True, leases=slot_keys)
+    assert client.hget(keys.lanes, "train|run") == raw
+    # The heavy lease names another run: no matter, the pool's slots judge a pool run.
+    assert slot(client, keys, 1).release(tok)
+    assert HeavyLease(client, keys).acquire("summary", token(), LONG_TTL, time.time()).granted
+    assert store.mark_lost("train", raw, lost, task_id="t2", heavy=True, leases=slot_keys)
+    assert "lost: test" in str(client.hget(keys.lanes, "train|run"))
