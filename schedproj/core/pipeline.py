@@ -28,7 +28,7 @@ from schedproj.core.due import NEVER, due_at
 from schedproj.core.lanes import DeferralReason, Gate, LaneKind, LaneSpec, Profile, enabled_under
 from schedproj.core.picker import Policy, pick
 from schedproj.core.pools import DEFAULT_POOL, Grant, Pool, grant, pools_by_name
-from schedproj.core.records import LaneState, LeaseView, SchedRecord
+from schedproj.core.records import EMPTY_STATE, LaneState, LeaseView, SchedRecord
 from schedproj.core.views import LaneView, view_all, view_lane
 
 
@@ -56,7 +56,7 @@ class Decision:
     @property
     def dispatched(self) -> tuple[str, ...]:
         return (((self.winner,) if self.winner else ())
-                + tuple(g.lane for g in self.pool_grants) + self.also_dispatched)
+                + tuple([g.lane for g in self.pool_grants]) + self.also_dispatched)
 
 
 _SORT_KEY = attrgetter("order", "name")
@@ -65,11 +65,11 @@ _SORT_KEY = attrgetter("order", "name")
 def eligible(lanes: Collection[LaneSpec], states: Mapping[str, LaneState], profile: Profile,
              excluded: Collection[str]) -> tuple[LaneSpec, ...]:
     """Stage 1: lanes the profile enables, not paused, readable — in declared order."""
-    empty = LaneState()
+    empty = EMPTY_STATE
     return tuple(sorted(
-        (s for s in lanes
+        [s for s in lanes  # a list, not a generator: a tick of a few lanes is mostly overhead
          if enabled_under(profile, s.deployment) and s.name not in excluded
-         and not states.get(s.name, empty).sched.paused),
+         and not states.get(s.name, empty).sched.paused],
         key=_SORT_KEY,  # LaneSpec.sort_key, computed in C: a tick may sort thousands
     ))
 
@@ -90,7 +90,7 @@ def blocker_views(lanes: Collection[LaneSpec], states: Mapping[str, LaneState],
     for spec in lanes:
         if ((spec.name in named or spec.family in named) and spec.name not in views
                 and enabled_under(profile, spec.deployment)):
-            view = view_lane(spec, states.get(spec.name, LaneState()), lease, now,
+            view = view_lane(spec, states.get(spec.name, EMPTY_STATE), lease, now,
                              grace_s=grace_s)
             unknown = (not spec.heavy and spec.name in unreadable
                        and spec.name not in states)
@@ -130,7 +130,7 @@ def decide(
     candidates = [v for v in views.values() if v.due and not v.in_flight]
 
     def sched(name: str) -> SchedRecord:
-        return states[name].sched if name in states else SchedRecord()
+        return states[name].sched if name in states else EMPTY_STATE.sched
     deferred: list[Deferral] = []
     heavy: list[LaneView] = []
     light_views: list[LaneView] = []
@@ -154,7 +154,7 @@ def decide(
         (heavy if is_heavy else light_views).append(view)
 
     winner, pool_grants, reserved = _pick_heavy(heavy, policy, table, busy, defer)
-    return Decision(winner=winner, also_dispatched=tuple(v.name for v in light_views),
+    return Decision(winner=winner, also_dispatched=tuple([v.name for v in light_views]),
                     deferred=tuple(deferred), expired_gates=tuple(expired), views=views,
                     gate_views=gate_views, pool_grants=pool_grants, reserved=reserved)
 
@@ -224,8 +224,9 @@ def _pick_heavy(heavy: list[LaneView], policy: Policy, pools: Mapping[str, Pool]
             blocker = waiting.get(name)
             defer(name, DeferralReason.BACKPRESSURE if blocker in ahead
                   else DeferralReason.LEASE_HELD, blocker)
-    winner = next((g.lane for g in result.granted if g.pool == DEFAULT_POOL), None)
-    return (winner, tuple(g for g in result.granted if g.pool != DEFAULT_POOL),
+    # Lists, not generators, here and above: a generator's set-up is a tick's cost too.
+    winner = next(iter([g.lane for g in result.granted if g.pool == DEFAULT_POOL]), None)
+    return (winner, tuple([g for g in result.granted if g.pool != DEFAULT_POOL]),
             result.reserved)
 
 
@@ -233,7 +234,7 @@ def seconds_until_next_due(views: Mapping[str, LaneView], states: Mapping[str, L
                            now: float) -> float | None:
     """How long until some idle lane not due yet turns due — by its cadence or a retry
     (``core.due.due_at``, with the backlog its view saw); None if none will by time alone."""
-    empty = LaneState()
+    empty = EMPTY_STATE
     waits = [due_at(v.spec, states.get(v.name, empty), now, v.backlog) - now
              for v in views.values() if not (v.in_flight or v.due)]
     best = min(waits, default=NEVER)

@@ -17,7 +17,7 @@ from schedproj.core.lanes import DeferralReason, LaneSpec, Profile
 from schedproj.core.picker import Policy
 from schedproj.core.pipeline import Decision, decide, seconds_until_next_due
 from schedproj.core.pools import Grant, Pool
-from schedproj.core.records import LaneState, LeaseView, SchedRecord
+from schedproj.core.records import EMPTY_STATE, LaneState, LeaseView, SchedRecord
 from schedproj.core.schedules import missed_fires
 
 
@@ -154,7 +154,7 @@ def record_misses(decision: Decision, states: Mapping[str, LaneState],
     lane's sched record: ``missed_through`` so each is counted once, ``missed`` the total).
     A lane dispatched now is dispatched for a fire time within its window."""
     misses = []
-    empty = LaneState()
+    empty = EMPTY_STATE
     for lane, view in decision.views.items():
         spec = view.spec
         if spec.calendar is None or spec.catchup_window_s is None:
@@ -193,7 +193,7 @@ def sched_changes(
 ) -> tuple[dict[str, SchedRecord], list[Deferral]]:
     """The beat-owned records that change, and the deferrals that are new or changed (to log
     once per streak, not every tick)."""
-    empty = SchedRecord()
+    empty = EMPTY_STATE.sched
     changes: dict[str, SchedRecord] = {}
     news: list[Deferral] = []
     deferred = {d.lane: d for d in decision.deferred}

@@ -17,6 +17,7 @@ at the edges.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 import re
@@ -229,10 +230,7 @@ def grant(candidates: Iterable[LaneView], pools: Mapping[str, Pool],
     if not (isinstance(backfill_ratio, int | float) and math.isfinite(backfill_ratio)
             and backfill_ratio >= 0):
         raise ValueError(f"backfill_ratio must be a finite number >= 0, got {backfill_ratio!r}")
-    # lanes imports this module, and picker imports views, which imports lanes: import here.
-    from schedproj.core.lanes import LaneKind
-    from schedproj.core.picker import rank_key
-
+    heavy_kind, rank_key = _late_imports()
     by_pool: dict[str, dict[str, LaneView]] = {}
     holding = {lane for lanes in holders.values() for lane in lanes}
     for view in candidates:  # a tick may bring 10,000 due family members: kept lean
@@ -242,7 +240,7 @@ def grant(candidates: Iterable[LaneView], pools: Mapping[str, Pool],
             if spec.pool not in pools:
                 continue
             lanes = by_pool[spec.pool] = {}
-        if (spec.name in lanes or spec.name in holding or spec.kind is not LaneKind.HEAVY
+        if (spec.name in lanes or spec.name in holding or spec.kind is not heavy_kind
                 or spec.slots > pools[spec.pool].slots):
             continue
         lanes[spec.name] = view
@@ -256,6 +254,17 @@ def grant(candidates: Iterable[LaneView], pools: Mapping[str, Pool],
         if reserving is not None:
             reserved[name] = reserving
     return Grants(granted=tuple(granted), waiting=waiting, reserved=reserved)
+
+
+@functools.cache
+def _late_imports() -> tuple[Any, Callable[[LaneView], Any]]:
+    """(``LaneKind.HEAVY``, the picker's ``rank_key``), imported on first use: lanes imports
+    this module, and picker imports views, which imports lanes. Cached: an import statement
+    costs a tick about a microsecond, every tick."""
+    from schedproj.core.lanes import LaneKind
+    from schedproj.core.picker import rank_key
+
+    return LaneKind.HEAVY, rank_key
 
 
 def _grant_pool(pool: Pool, lanes: Mapping[str, LaneView], busy: Sequence[str],

@@ -30,7 +30,7 @@ from schedproj.core.errors import StateError
 from schedproj.core.lanes import LaneSpec
 from schedproj.core.picker import pick, rank_key
 from schedproj.core.pipeline import Decision
-from schedproj.core.records import LaneState, LeaseView
+from schedproj.core.records import EMPTY_STATE, LaneState, LeaseView
 from schedproj.core.views import LaneView, effective_last_run, staleness_ratio
 
 #: Format version of the published pressure record.
@@ -93,7 +93,7 @@ def measure(decision: Decision, states: Mapping[str, LaneState], lease: LeaseVie
     # The views decide judged gates on (family views, paused blockers): a lane they hold back
     # once the lease is free must not make the holder yield.
     gate_views = decision.gate_views
-    empty = LaneState()
+    empty = EMPTY_STATE
     waiting = []
     for view in decision.views.values():
         if not view.spec.heavy or not view.due or view.in_flight or view.name == lease.lane:

@@ -83,6 +83,12 @@ class LaneState:
     sched: SchedRecord = field(default_factory=SchedRecord)
 
 
+#: The state of a lane with no records yet. One shared instance (the records are frozen): a tick
+#: reads it for every lane missing from its states, and building a ``LaneState`` builds both of
+#: its records, which cost a tick of a few lanes (the simulator's) a fifth of its time.
+EMPTY_STATE = LaneState()
+
+
 @dataclass(frozen=True)
 class LeaseView:
     """The heavy lease as read from Redis."""
@@ -197,6 +203,7 @@ def _check_types(record: RunRecord | SchedRecord | LeaseView | Deferral) -> None
 
 
 __all__ = [
+    "EMPTY_STATE",
     "LaneState",
     "LeaseView",
     "Outcome",

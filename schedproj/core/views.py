@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from schedproj.core.due import calendar_due_at_for, effective_last_run, retry_at, staleness
 from schedproj.core.lanes import LaneSpec
-from schedproj.core.records import LaneState, LeaseView
+from schedproj.core.records import EMPTY_STATE, LaneState, LeaseView
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ def view_all(
     forced: Collection[str] = (),
     grace_s: float = 0.0,
 ) -> dict[str, LaneView]:
-    empty = LaneState()
+    empty = EMPTY_STATE
     return {
         s.name: view_lane(s, states.get(s.name, empty), lease, now, probes.get(s.name),
                           s.name in forced, grace_s)
