@@ -173,6 +173,10 @@ class LaneIndex:
                    now: float, walk: int = 1) -> list[tuple[float, str]]:
         """The group's first ``walk`` valid lanes and those tying with the last of them (put
         back afterwards)."""
+        if walk == 1:
+            quick = self._group_first(heap, now)
+            if quick is not None:
+                return quick
         taken: list[tuple[tuple[object, ...], int, str]] = []
         out: list[tuple[float, str]] = []
         floor: float | None = None
@@ -192,6 +196,31 @@ class LaneIndex:
         for entry in taken:
             heapq.heappush(heap, entry)
         return out
+
+    def _group_first(self, heap: list[tuple[tuple[object, ...], int, str]],
+                     now: float) -> list[tuple[float, str]] | None:
+        """:meth:`_group_top` for a walk of one, without taking the lane out of the heap when
+        the entry ranked next cannot tie with it (the usual case, and one a decision meets
+        once per group): [] for a group with no valid lane, None when the full walk must
+        decide. The entry ranked next is the smaller of the root's two children."""
+        waiting = self.waiting
+        while heap:
+            _, version, lane = heap[0]
+            state = waiting.get(lane)
+            if state is None or state[1] != version:
+                heapq.heappop(heap)  # stale: the lane was filed again or left
+                continue
+            ratio = state[0].ratio(now)
+            if self.by_order:
+                return [(ratio, lane)]
+            if len(heap) == 1:
+                return [(ratio, lane)]
+            second = heap[1] if len(heap) == 2 or heap[1] < heap[2] else heap[2]
+            other = waiting.get(second[2])
+            if other is None or other[1] != second[1]:
+                return None  # a stale entry next: the full walk looks past it
+            return [(ratio, lane)] if other[0].ratio(now) < _floor(ratio) else None
+        return []
 
     def _compact(self) -> None:
         """Drop stale entries, so the heaps stay the size of what they index."""
