@@ -120,6 +120,27 @@ class SimRun:
     pool_holds: list[tuple[str, str, int, float, float]] = field(default_factory=list)
 
 
+class _Published:
+    """The pressure on the lease beat published with one decision (``pressure.measure`` on
+    it), measured the first time a holder reads it: a holder reads only what was published
+    by its renewals, and most holds end before their first, so most are never measured."""
+
+    __slots__ = ("_args", "_value")
+
+    def __init__(self, decision: Decision, states: dict[str, LaneState], lease: LeaseView,
+                 t: float) -> None:
+        self._args: tuple[Decision, dict[str, LaneState], LeaseView, float] | None = (
+            decision, states, lease, t)
+        self._value: Pressure | None = None
+
+    def pressure(self) -> Pressure | None:
+        if self._args is not None:
+            decision, states, lease, t = self._args
+            self._value = measure(lease_decision(decision), states, lease, t)
+            self._args = None
+        return self._value
+
+
 @dataclass
 class _HeavyRun:
     rt: _Lane
@@ -341,7 +362,7 @@ class Simulation:
         self.expired_gates = 0
         # Pressure-aware yielding: what beat published during the current hold.
         self.rule = scenario.pressure if variant.policy is Policy.STALENESS else None
-        self.published: list[tuple[float, Pressure | None]] = []
+        self.published: list[tuple[float, _Published]] = []
         #: The same for each pool beyond the default, on its longest holder's hold.
         self.pool_published: dict[str, list[tuple[float, Pressure | None]]] = {}
         self.yields: list[tuple[float, str, str, bool]] = []
@@ -540,10 +561,10 @@ class Simulation:
     def _publish(self, decision: Decision, states: dict[str, LaneState], t: float) -> None:
         """Beat publishes the pressure it computed with its tick (FairScheduler does too):
         on the lease from the lanes waiting for it (the default pool's), and on each pool's
-        longest holder from that pool's waiting lanes."""
+        longest holder from that pool's waiting lanes. (The lease's is measured when a holder reads
+        it: :class:`_Published`.)"""
         if self.lease is not None:
-            self.published.append((t, measure(lease_decision(decision), states, self.lease,
-                                              t)))
+            self.published.append((t, _Published(decision, states, self.lease, t)))
         if self.pool_runs:
             for pool, pressure in pool_pressure(decision, states, self._holds(), t).items():
                 self.pool_published.setdefault(pool, []).append((t, pressure))
@@ -783,9 +804,12 @@ class Simulation:
         renewed = run.start + math.floor((t - run.start) / every) * every
         if renewed <= run.start:
             return None
-        published = (self.pool_published.get(run.rt.spec.pool, []) if run.rt.in_pool
-                     else self.published)
-        for at, pressure in reversed(published):
+        if not run.rt.in_pool:
+            for at, lazy in reversed(self.published):
+                if at <= renewed:
+                    return lazy.pressure()
+            return None
+        for at, pressure in reversed(self.pool_published.get(run.rt.spec.pool, [])):
             if at <= renewed:
                 return pressure
         return None

@@ -148,10 +148,11 @@ class LaneIndex:
         if not self.waiting:
             return []
         found: dict[str, list[tuple[int, float, str]]] = {}
+        walks = self.walks
         for (pool, tier, _, _), heap in self._groups.items():
-            walk = self.walks.get(pool, 1)
-            found.setdefault(pool, []).extend(
-                (tier, ratio, lane) for ratio, lane in self._group_top(heap, now, walk))
+            top = self._group_top(heap, now, walks.get(pool, 1))
+            if top:  # (lists, not generators: a decision asks this of a few groups)
+                found.setdefault(pool, []).extend([(tier, ratio, lane) for ratio, lane in top])
         if sum(map(len, self._groups.values())) > 4 * len(self.waiting) + 64:
             self._compact()
         if self.by_order:
@@ -161,12 +162,12 @@ class LaneIndex:
             lanes.sort(key=lambda x: (x[0], -x[1]))
             walk = self.walks.get(pool, 1)
             if len(lanes) <= walk:
-                out.extend(lane for _, _, lane in lanes)
+                out.extend([lane for _, _, lane in lanes])
                 continue
             tier, last = lanes[walk - 1][0], lanes[walk - 1][1]
             floor = _floor(last)
-            out.extend(lane for i, (t, r, lane) in enumerate(lanes)
-                       if i < walk or (t == tier and r >= floor))
+            out.extend([lane for i, (t, r, lane) in enumerate(lanes)
+                        if i < walk or (t == tier and r >= floor)])
         return out
 
     def _group_top(self, heap: list[tuple[tuple[object, ...], int, str]],
