@@ -16,6 +16,7 @@ from typing import Any
 
 import redis
 
+from schedproj.core.pools import DEFAULT_POOL
 from schedproj.store import scripts
 
 #: Environment variable naming the directory of the execution lock files (set by the driver;
@@ -27,6 +28,10 @@ FAMILY = "chaos.tenant"
 FAMILY_CADENCE_S = 20.0
 FAMILY_JITTER = 0.2
 FAMILY_MEMBERS_ENV = "CHAOS_FAMILY_MEMBERS"
+#: The chaos pool beyond the default (declared with SCHEDPROJ_POOLS by the fleet) and its
+#: slots: its lanes are in the lanes module, its worker serves its queue.
+POOL = "gpu"
+POOL_SLOTS = {POOL: 2}
 
 
 #: The chaos app's schedule entries (its ``beat_schedule``, declared in the lanes module), each
@@ -49,6 +54,12 @@ CLAIM_LAG_S = 1.0
 def family_members(count: int) -> list[str]:
     """The chaos family's member keys."""
     return [f"t{i:03d}" for i in range(count)]
+
+
+def slot_ledger_prefix(prefix: str, pool: str, slot: int) -> str:
+    """The :class:`FencedLedger` prefix of slot ``slot`` of ``pool`` (each slot has its own:
+    runs on different slots of a pool write at once, each with its own fence)."""
+    return f"{prefix}:pool:{pool}:{slot}"
 
 
 def overlaps_key(prefix: str) -> str:
@@ -75,6 +86,10 @@ class Run:
     end: float | None
     outcome: str | None
     lost: str | None
+    #: The pool whose slots the run held, and which of them (a default-pool run: the heavy
+    #: lease, no slot numbers).
+    pool: str = DEFAULT_POOL
+    slots: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -99,6 +114,14 @@ class AuditReport:
     #: end late (the end is written after the lease renewer is joined, up to a lease TTL, so
     #: a renewal stuck in retries delays it). Not an overlap; told apart only given the ledger.
     late_ends: list[tuple[Run, Run]] = field(default_factory=list)
+    #: Runs of the pools beyond the default, by pool.
+    pool_runs: Counter[str] = field(default_factory=Counter)
+    #: (older, newer) on one slot of a pool: a run beyond the pool's slots (the older one ran
+    #: on after the newer one started on its slot, judged as ``overlaps`` are per slot, with
+    #: that slot's ledger); fenced stragglers and late ends on a slot are counted apart.
+    pool_overlaps: list[tuple[Run, Run]] = field(default_factory=list)
+    pool_fenced_stragglers: list[Run] = field(default_factory=list)
+    pool_late_ends: list[tuple[Run, Run]] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         return {"heavy_runs": self.heavy_runs, "light_runs": self.light_runs,
@@ -108,7 +131,11 @@ class AuditReport:
                 "stale_beat_starts": len(self.stale_beat_starts),
                 "recorded_lost": len(self.recorded_lost),
                 "unended_unrecorded": len(self.unended_unrecorded),
-                "late_ends": len(self.late_ends)}
+                "late_ends": len(self.late_ends),
+                "pool_runs": dict(sorted(self.pool_runs.items())),
+                "pool_overlaps": len(self.pool_overlaps),
+                "pool_fenced_stragglers": len(self.pool_fenced_stragglers),
+                "pool_late_ends": len(self.pool_late_ends)}
 
 
 def runs_from_journal(entries: Iterable[Mapping[str, Any]]) -> list[Run]:
@@ -131,14 +158,18 @@ def runs_from_journal(entries: Iterable[Mapping[str, Any]]) -> list[Run]:
                         start=float(begun["t"]),
                         end=float(ended["t"]) if ended else None,
                         outcome=ended.get("outcome") if ended else None,
-                        lost=ended.get("lost") if ended else None))
+                        lost=ended.get("lost") if ended else None,
+                        pool=str(begun.get("pool") or DEFAULT_POOL),
+                        slots=tuple(int(i) for i in begun.get("slots") or ())))
     return sorted(runs, key=lambda r: r.start)
 
 
 def audit(journal: Iterable[Mapping[str, Any]], dispatches: Iterable[Mapping[str, Any]], *,
           due_bounds_s: Mapping[str, float], window: tuple[float, float],
           ledger: Iterable[Mapping[str, Any]] | None = None,
-          disruptions: Iterable[tuple[float, float]] = ()) -> AuditReport:
+          disruptions: Iterable[tuple[float, float]] = (),
+          slot_ledgers: Mapping[tuple[str, int], Iterable[Mapping[str, Any]]] | None = None,
+          ) -> AuditReport:
     """Check the promises on what actually ran.
 
     * overlap: a heavy run that did not notice losing its lease ran on after a newer-fenced
@@ -152,6 +183,12 @@ def audit(journal: Iterable[Mapping[str, Any]], dispatches: Iterable[Mapping[str
       and a write it makes once a newer run has written is refused (a fenced straggler). An
       end journaled late with no such write is a late end, not an overlap. Without the
       ledger the journaled end is taken as the stop (an over-count, never an under-count);
+    * a run beyond a pool's slots (``pool_overlaps``): the same, per slot of each pool
+      beyond the default (a run of k slots is on each of its k slots), with each slot's own
+      ledger (``slot_ledgers`` by (pool, slot): a pool run writes each step to the ledger of
+      every slot it holds). Two runs never share a slot, so at most N runs of a pool of N
+      slots execute at once; a run on a slot is judged only against the runs of that slot,
+      never against the default pool's or another slot's;
     * duplicate: one dispatched message (task id) executed twice, or sent twice;
     * stale start: a run started with a fence older than one already started;
     * lost: a lane went longer than its bound without starting a run, inside ``window``,
@@ -162,9 +199,12 @@ def audit(journal: Iterable[Mapping[str, Any]], dispatches: Iterable[Mapping[str
     """
     journal = list(journal)
     runs = runs_from_journal(journal)
-    heavy = [r for r in runs if r.fence > 0]
-    report = AuditReport(heavy_runs=len(heavy), light_runs=len(runs) - len(heavy))
+    pooled = [r for r in runs if r.fence > 0 and r.pool != DEFAULT_POOL]
+    heavy = [r for r in runs if r.fence > 0 and r.pool == DEFAULT_POOL]
+    report = AuditReport(heavy_runs=len(heavy), light_runs=len(runs) - len(heavy) - len(pooled))
+    report.pool_runs.update(r.pool for r in pooled)
     _overlaps(heavy, ledger, report)
+    _pool_overlaps(pooled, slot_ledgers, report)
     dispatches = list(dispatches)
     started = Counter(str(e["task"]) for e in journal if e["ev"] == "start")
     sent = Counter(str(d["task"]) for d in dispatches if "ev" not in d)
@@ -205,6 +245,28 @@ def _overlaps(heavy: list[Run], ledger: Iterable[Mapping[str, Any]] | None,
                 report.late_ends.append((older, newer))
             else:
                 report.overlaps.append((older, newer))
+
+
+def _pool_overlaps(pooled: list[Run],
+                   ledgers: Mapping[tuple[str, int], Iterable[Mapping[str, Any]]] | None,
+                   report: AuditReport) -> None:
+    """:func:`_overlaps` per slot of each pool, and stale starts per slot (a slot's fences
+    only grow)."""
+    by_slot: dict[tuple[str, int], list[Run]] = defaultdict(list)
+    for run in pooled:
+        for index in run.slots:
+            by_slot[(run.pool, index)].append(run)
+    for slot, on_it in sorted(by_slot.items()):
+        found = AuditReport(heavy_runs=0, light_runs=0)
+        _overlaps(on_it, None if ledgers is None else ledgers.get(slot, ()), found)
+        report.pool_overlaps.extend(found.overlaps)
+        report.pool_fenced_stragglers.extend(found.fenced_stragglers)
+        report.pool_late_ends.extend(found.late_ends)
+        top = 0
+        for run in on_it:
+            if run.fence < top:
+                report.stale_starts.append(run)
+            top = max(top, run.fence)
 
 
 def _stale_beat_starts(journal: list[Mapping[str, Any]],

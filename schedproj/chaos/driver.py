@@ -1,6 +1,7 @@
 """The chaos run: real workers, beats and Redis, while a driver keeps breaking them.
 
-Several heavy workers, a light worker and two beats run the chaos lanes against a private
+Several heavy workers, a worker for a pool of two slots, a light worker and two beats run the
+chaos lanes against a private
 Redis for a bounded time. The driver repeatedly SIGKILLs the heavy worker holding the lease,
 SIGKILLs the active beat (and starts a fresh standby), SIGSTOPs the holder past the lease TTL
 and resumes it, restarts the state Redis (which keeps nothing: state is lost), and blocks Redis
@@ -129,9 +130,11 @@ def start_servers(work: Path, cleanup: contextlib.ExitStack, sentinel: bool) -> 
 
 
 def start_fleet(fleet: Fleet, heavy_workers: int) -> None:
-    """Heavy workers, one light worker, and two beats (one active, one standing by)."""
+    """Heavy workers, one worker for the pool, one light worker, and two beats (one active,
+    one standing by)."""
     for _ in range(heavy_workers):
         fleet.spawn("heavy")
+    fleet.spawn("pool")
     fleet.spawn("light")
     fleet.spawn("beat")
     fleet.spawn("beat")

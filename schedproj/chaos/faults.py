@@ -22,6 +22,7 @@ from schedproj.chaos.processes import (
     Fleet,
 )
 from schedproj.core.errors import ConfigurationError
+from schedproj.core.pools import DEFAULT_POOL
 from schedproj.devtools.processes import wait_until
 from schedproj.devtools.redis_server import RedisServer
 from schedproj.devtools.sentinel import LOCKOUT, SentinelSet
@@ -109,10 +110,11 @@ def journal(audit_redis: RedisServer) -> list[dict[str, Any]]:
 
 
 def current_holder(audit_redis: RedisServer) -> dict[str, Any] | None:
-    """The newest heavy run that started and has not ended, from the journal."""
+    """The newest run of the heavy lease that started and has not ended, from the journal
+    (the pool's runs hold slots, not the lease)."""
     open_runs: dict[str, dict[str, Any]] = {}
     for e in journal(audit_redis):
-        if e["fence"] <= 0:
+        if e["fence"] <= 0 or e.get("pool", DEFAULT_POOL) != DEFAULT_POOL:
             continue
         if e["ev"] == "start":
             open_runs[e["task"]] = e
@@ -185,6 +187,7 @@ def _kill_heavy(sc: Scene) -> None:
     fence = int(holder["fence"])
     killed_at = time.monotonic()
     if wait_until(lambda: any(e["ev"] == "start" and e["fence"] > fence
+                              and e.get("pool", DEFAULT_POOL) == DEFAULT_POOL
                               for e in journal(sc.audit_redis)), 30, poll_s=POLL_S):
         sc.figures.lease_recovery_s.append(time.monotonic() - killed_at)
     sc.fleet.spawn("heavy")

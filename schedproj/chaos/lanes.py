@@ -3,7 +3,11 @@
 Besides the journal, execution is observed directly: every heavy run holds one OS-level
 exclusive lock (``fcntl.flock`` on a file shared by all heavy lanes) for its whole body, and
 each light lane one of its own. Failing to take it means another run is executing right now:
-an overlap, recorded on the audit Redis with who held the lock.
+an overlap, recorded on the audit Redis with who held the lock. The lanes of the pool
+:data:`~schedproj.chaos.audit.POOL` (two slots, a weighted lane and a lane of two slots among
+them) take as many of the pool's slot files as the slots they hold: a run that cannot is
+beyond the pool's slots, recorded likewise; each step is written to the fenced ledger of every
+slot it holds.
 
 Beside the lanes, the app's own ``beat_schedule`` (:data:`~schedproj.chaos.audit.ENTRY_INTERVALS`
 and a crontab every minute): ordinary tasks, journaled twice on the audit Redis — by beat
@@ -22,7 +26,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import redis
 from celery import current_app, shared_task
@@ -38,16 +42,20 @@ from schedproj.chaos.audit import (
     FAMILY_JITTER,
     FAMILY_MEMBERS_ENV,
     LOCK_DIR_ENV,
+    POOL,
+    POOL_SLOTS,
     FencedLedger,
     entry_runs_key,
     entry_sends_key,
     family_members,
     overlaps_key,
+    slot_ledger_prefix,
 )
 from schedproj.core.entries import EntryState
 from schedproj.core.errors import LeaseLost, StateError
 from schedproj.core.families import LaneFamily
 from schedproj.core.lanes import Lane, LaneKind
+from schedproj.on_celery.run_context import current
 from schedproj.on_celery.task import LaneTask
 from schedproj.store.connection import connect
 from schedproj.store.protocol import Keys
@@ -131,6 +139,95 @@ def h2(self: LaneTask) -> int:
              lane=Lane(cadence_s=4, kind=LaneKind.HEAVY, order=3))
 def h3(self: LaneTask) -> int:
     return work(self, "chaos.h3")
+
+
+# -- the pool ``gpu`` of two slots (SCHEDPROJ_POOLS, set by the fleet) ------------------------
+
+@cache
+def slot_ledger(pid: int, pool: str, slot: int) -> FencedLedger:
+    """Per process and slot: each slot of a pool has its fenced ledger on the audit Redis."""
+    return FencedLedger(ledger(pid).client, slot_ledger_prefix(_prefix(), pool, slot))
+
+
+@contextlib.contextmanager
+def holding_slot_files(task: LaneTask, lane: str, pool: str, need: int) -> Iterator[None]:
+    """Take ``need`` of the pool's :data:`POOL_SLOTS` slot files (``<pool>-<i>.lock``), each
+    exclusively without waiting, for the whole body: a run that cannot take them all runs
+    beside more runs than the pool has slots, an overlap recorded with the files' holders."""
+    where = os.environ.get(LOCK_DIR_ENV)
+    if not where:
+        yield
+        return
+    me = {"pid": os.getpid(), "lane": lane, "fence": task.fence, "pool": pool,
+          "task": str(getattr(task.request, "id", "")), "t": time.time()}
+    held: list[IO[str]] = []
+    holders: list[Any] = []
+    try:
+        for index in range(POOL_SLOTS[pool]):
+            if len(held) == need:
+                break
+            handle = (Path(where) / f"{pool}-{index}.lock").open("a+")
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.seek(0)
+                holder = handle.read()
+                holders.append(json.loads(holder) if holder else None)
+                handle.close()
+                continue
+            handle.seek(0)
+            handle.truncate()
+            handle.write(json.dumps(me))
+            handle.flush()
+            held.append(handle)
+        if len(held) < need:
+            ledger(os.getpid()).client.rpush(overlaps_key(_prefix()), json.dumps(
+                {**me, "holder": holders[0] if holders else None, "holders": holders}))
+        yield
+    finally:
+        for taken in held:
+            fcntl.flock(taken, fcntl.LOCK_UN)
+            taken.close()
+
+
+def pool_work(task: LaneTask, lane: str, pool: str, need: int) -> int:
+    """A pool run: the heavy lanes' steps, each written to the ledger of every slot it holds."""
+    ctx = current.get()
+    slots = ctx.slots.slots if ctx is not None and ctx.slots is not None else ()
+    done = 0
+    with holding_slot_files(task, lane, pool, need):
+        for step in range(STEPS):
+            if task.should_yield():
+                task.report_backlog(STEPS - step)
+                break
+            time.sleep(STEP_S)
+            entry = {"lane": lane, "fence": task.fence, "step": step, "t": time.time()}
+            for index in slots:
+                if not slot_ledger(os.getpid(), pool, index).append(task.fence, entry):
+                    raise LeaseLost(f"{lane}: write refused on slot {index} of {pool}, fence "
+                                    f"{task.fence} is no longer newest")
+            done += 1
+    return done
+
+
+@shared_task(base=LaneTask, bind=True, name="chaos.g1",
+             lane=Lane(cadence_s=3, kind=LaneKind.HEAVY, pool=POOL, order=6))
+def g1(self: LaneTask) -> int:
+    return pool_work(self, "chaos.g1", POOL, 1)
+
+
+@shared_task(base=LaneTask, bind=True, name="chaos.g2",
+             lane=Lane(cadence_s=3, kind=LaneKind.HEAVY, pool=POOL, weight=2, order=7))
+def g2(self: LaneTask) -> int:
+    """The weighted lane: its staleness ratio counts twice in the pool's ranking."""
+    return pool_work(self, "chaos.g2", POOL, 1)
+
+
+@shared_task(base=LaneTask, bind=True, name="chaos.g3",
+             lane=Lane(cadence_s=6, kind=LaneKind.HEAVY, pool=POOL, slots=2, order=8))
+def g3(self: LaneTask) -> int:
+    """The lane of two slots: both of the pool's at once."""
+    return pool_work(self, "chaos.g3", POOL, 2)
 
 
 @shared_task(base=LaneTask, bind=True, name="chaos.pulse",

@@ -1,5 +1,6 @@
-"""The chaos fleet: heavy workers, a light worker and beats as child processes, and the
-settings they share (short leases and locks, so faults are felt within seconds)."""
+"""The chaos fleet: heavy workers, a worker for the pool, a light worker and beats as child
+processes, and the settings they share (short leases and locks, so faults are felt within
+seconds)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from schedproj.chaos.audit import LOCK_DIR_ENV
+from schedproj.chaos.audit import LOCK_DIR_ENV, POOL, POOL_SLOTS
 from schedproj.chaos.scheduler import FREEZE_ENV, FREEZING_SCHEDULER
 from schedproj.devtools.processes import Spawned, spawn, stop_all
 
@@ -34,6 +35,7 @@ def chaos_env(state_url: str, audit_url: str, lock_dir: Path,
         "SCHEDPROJ_VISIBILITY_TIMEOUT_S": "20", "SCHEDPROJ_HEAVY_TIME_LIMIT_S": "15",
         "SCHEDPROJ_LIGHT_TIME_LIMIT_S": "10",
         "SCHEDPROJ_STARVATION_THRESHOLD_S": "30",
+        "SCHEDPROJ_POOLS": ",".join(f"{name}={n}" for name, n in POOL_SLOTS.items()),
     })
     return env
 
@@ -63,6 +65,9 @@ class Fleet:
                       "--without-gossip", "--without-mingle", "-l", "info"],
             "light": [*base, "worker", "-Q", "light", "-c", "2", "-n", f"{name}@%h",
                       "--without-gossip", "--without-mingle", "-l", "info"],
+            # The pool's worker: as many processes as the pool has slots, on its queue.
+            "pool": [*base, "worker", "-Q", POOL, "-c", str(POOL_SLOTS[POOL]), "-n",
+                     f"{name}@%h", "--without-gossip", "--without-mingle", "-l", "info"],
             "beat": [*base, "beat", "-S",
                      FREEZING_SCHEDULER if freeze_before_send_s else "fair", "-l", "info"],
         }[role]

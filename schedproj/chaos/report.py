@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections import Counter
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -16,6 +17,7 @@ from schedproj.chaos.audit import (
     FAMILY,
     FAMILY_CADENCE_S,
     FAMILY_JITTER,
+    POOL_SLOTS,
     EntryAudit,
     FencedLedger,
     audit,
@@ -24,6 +26,7 @@ from schedproj.chaos.audit import (
     entry_sends_key,
     family_members,
     overlaps_key,
+    slot_ledger_prefix,
 )
 from schedproj.chaos.faults import (
     FAILOVER,
@@ -43,7 +46,8 @@ from schedproj.chaos.processes import (
 from schedproj.devtools.redis_server import RedisServer
 from schedproj.store.protocol import Keys
 
-CADENCES = {"chaos.h1": 2.0, "chaos.h2": 3.0, "chaos.h3": 4.0, "chaos.pulse": 1.0}
+CADENCES = {"chaos.h1": 2.0, "chaos.h2": 3.0, "chaos.h3": 4.0, "chaos.pulse": 1.0,
+            "chaos.g1": 3.0, "chaos.g2": 3.0, "chaos.g3": 6.0}
 #: How late an entry may be claimed outside faults: beat looks when its schedule says, within
 #: a loop interval, and its tick may first dispatch the lanes (a hundred family members).
 ENTRY_SLACK_S = LOOP_S + 1.0
@@ -73,9 +77,11 @@ def collect(audit_redis: RedisServer, figures: Figures, started: float,
     ledger = FencedLedger(client, PREFIX)
     disruptions = [(began, ended + RECOVERY_AFTER_S.get(kind, 0.0))
                    for began, kind, ended in figures.log]
+    slot_ledgers = pool_ledgers(client)
     report = audit(entries, dispatches, due_bounds_s=due_bounds(members),
                    window=(started + 15, ended - 2), ledger=ledger.entries(),
-                   disruptions=disruptions)
+                   disruptions=disruptions,
+                   slot_ledgers={slot: led.entries() for slot, led in slot_ledgers.items()})
     beat_entries = audit_schedule_entries(client, disruptions=[
         (began, kind, done + RECOVERY_AFTER_S.get(kind, 0.0))
         for began, kind, done in figures.log], window=(started + 15, ended - 2))
@@ -93,6 +99,8 @@ def collect(audit_redis: RedisServer, figures: Figures, started: float,
         "members_that_ran": len({e["lane"] for e in member_starts}),
         "os_overlaps": len(os_overlaps) - len(after_pause),
         "os_overlaps_with_a_paused_holder": len(after_pause),
+        **pool_figures(entries, slot_ledgers,
+                       [o for o in os_overlaps if o.get("pool") and o not in after_pause]),
         "longest_wait_after_state_loss_s": longest_wait(entries, figures.losses),
         "faults": dict(figures.kills),
         "derived_damage": dict(figures.derived_damage),
@@ -107,6 +115,8 @@ def collect(audit_redis: RedisServer, figures: Figures, started: float,
         "details": {
             "overlaps": [[a.task, b.task] for a, b in report.overlaps],
             "late_ends": [[a.task, b.task] for a, b in report.late_ends],
+            "pool_overlaps": [[a.task, b.task] for a, b in report.pool_overlaps],
+            "pool_late_ends": [[a.task, b.task] for a, b in report.pool_late_ends],
             "duplicates": report.duplicates,
             "lost": report.lost,
             "stale_starts": [r.task for r in report.stale_starts],
@@ -115,6 +125,28 @@ def collect(audit_redis: RedisServer, figures: Figures, started: float,
             "os_overlaps": [o for o in os_overlaps if o not in after_pause],
             "entries": entry_details(beat_entries),
         },
+    }
+
+
+def pool_ledgers(client: redis.Redis) -> dict[tuple[str, int], FencedLedger]:
+    """The fenced ledger of each slot of the chaos pools, by (pool, slot)."""
+    return {(pool, i): FencedLedger(client, slot_ledger_prefix(PREFIX, pool, i))
+            for pool, n in POOL_SLOTS.items() for i in range(n)}
+
+
+def pool_figures(entries: list[dict[str, Any]],
+                 ledgers: dict[tuple[str, int], FencedLedger],
+                 os_overlaps: list[dict[str, Any]]) -> dict[str, Any]:
+    """The pools' figures besides the audit's: runs by lane, overlaps the slot files saw (a
+    SIGSTOPped holder's excepted, as for the lease), and the slot ledgers' refusals."""
+    return {
+        "pool_os_overlaps": len(os_overlaps),
+        "pool_slots": dict(POOL_SLOTS),
+        "pool_lane_runs": dict(sorted(Counter(
+            str(e["lane"]) for e in entries
+            if e["ev"] == "start" and e.get("pool") in POOL_SLOTS).items())),
+        "pool_late_writes_refused": sum(led.refused() for led in ledgers.values()),
+        "pool_ledgers_monotone": all(led.monotone() for led in ledgers.values()),
     }
 
 
@@ -211,6 +243,22 @@ def entry_rows(report: dict[str, Any]) -> list[tuple[str, Any]]:
     ]
 
 
+def pool_rows(report: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The table's rows about the pool beyond the default."""
+    return [
+        ("pools: slots / runs", f"{report.get('pool_slots')} / {report.get('pool_runs')}"),
+        ("  ... runs by lane", report.get("pool_lane_runs")),
+        ("runs beyond a pool's slots, by the slots' ledgers (must be 0)",
+         report.get("pool_overlaps")),
+        ("  ... seen by the OS slot files (must be 0; in the OS count above)",
+         report.get("pool_os_overlaps")),
+        ("  ... fenced stragglers / late ends on a slot",
+         f"{report.get('pool_fenced_stragglers')} / {report.get('pool_late_ends')}"),
+        ("pool writes refused by a slot's fence / slot ledgers monotone",
+         f"{report.get('pool_late_writes_refused')} / {report.get('pool_ledgers_monotone')}"),
+    ]
+
+
 def render(report: dict[str, Any], out: TextIO) -> None:
     rows = [
         ("duration", f"{report['duration_s']} s"),
@@ -235,6 +283,7 @@ def render(report: dict[str, Any], out: TextIO) -> None:
         ("lost runs (must be 0)", report["lost_runs"]),
         ("runs started with a stale fence (must be 0)", report["stale_starts"]),
         ("overlaps seen by the OS lock (must be 0)", report["os_overlaps"]),
+        *pool_rows(report),
         ("  ... with a SIGSTOPped holder resumed (fenced)",
          report["os_overlaps_with_a_paused_holder"]),
         ("runs from a beat that had lost its lock (must be 0)", report["stale_beat_starts"]),

@@ -1,7 +1,8 @@
 """The chaos run (real workers, beats and a private Redis under repeated faults), audited.
 
 The default run is short: every fault kind once, on a Sentinel set so a failover to a lagging
-replica is among them. ``pytest -m slow tests/e2e/test_chaos.py`` (or ``schedproj chaos --profile
+replica is among them, with a pool of two slots (a weighted lane, a lane of two slots) beside
+the heavy lease. ``pytest -m slow tests/e2e/test_chaos.py`` (or ``schedproj chaos --profile
 long``) runs the long one: at least 100 state losses, 20 failovers and 20 beat freezes. Each
 run is audited twice from one run: the lanes' promises, and the app's own beat_schedule entries
 (each due time sent once, within the bounds of docs/entries.md).
@@ -42,6 +43,14 @@ def check(report: dict) -> None:
     assert report["recorded_lost"] >= 1, report["faults"]
     assert report["ledger_monotone"]
     assert report["heavy_runs"] > 10
+    # The pool gpu (two slots) ran beside the lease through every fault kind: never more runs
+    # than slots, by each slot's fenced ledger and by the OS slot files (both counted above in
+    # os_overlaps; here the pool's share). Its weighted lane and its lane of two slots ran.
+    assert report["pool_overlaps"] == 0, report["details"]["pool_overlaps"]
+    assert report["pool_os_overlaps"] == 0, report["details"]["os_overlaps"]
+    assert report["pool_ledgers_monotone"]
+    runs = report["pool_lane_runs"]
+    assert all(runs.get(lane, 0) >= 1 for lane in ("chaos.g1", "chaos.g2", "chaos.g3")), runs
     # The light family of 100 members ran next to the ordinary lanes, every member (its
     # members hook gives the set back after each state loss); gaps are audited per member.
     assert report["family_members"] >= 100

@@ -27,7 +27,52 @@ def test_clean_history_has_no_findings() -> None:
                                 "duplicates": 0, "stale_starts": 0, "lost_runs": 0,
                                 "fenced_stragglers": 0, "stale_beat_starts": 0,
                                 "recorded_lost": 0, "unended_unrecorded": 0,
-                                "late_ends": 0}
+                                "late_ends": 0, "pool_runs": {}, "pool_overlaps": 0,
+                                "pool_fenced_stragglers": 0, "pool_late_ends": 0}
+
+
+def on(task: str, fence: int, t: float, slots: tuple[int, ...], lane: str = "g") -> dict:
+    """The start of a run of pool ``gpu`` on ``slots``."""
+    return {**start(task, fence, t, lane), "pool": "gpu", "slots": list(slots)}
+
+
+def test_pool_runs_are_judged_per_slot_not_against_the_lease_or_each_other() -> None:
+    """Two slots of ``gpu`` busy at once beside a default-pool run: no overlap. A third run
+    on a slot still busy, or a two-slot run over a one-slot run, is a run beyond the pool's
+    slots, found with or without the slots' ledgers."""
+    fine = [on("g1", 100, 0, (0,)), on("g2", 101, 1, (1,)), start("h", 1, 1.5),
+            end("g1", 100, 4), end("g2", 101, 5), end("h", 1, 6),
+            on("both", 102, 6, (0, 1)), end("both", 102, 8)]
+    report = audit(fine, [], due_bounds_s={}, window=(0, 10))
+    assert report.summary()["pool_runs"] == {"gpu": 3}
+    assert report.heavy_runs == 1 and report.light_runs == 0
+    assert report.overlaps == [] and report.pool_overlaps == [] and report.stale_starts == []
+
+    beyond = [on("g1", 100, 0, (0,)), on("g2", 101, 1, (1,)), on("g3", 102, 2, (1,)),
+              end("g1", 100, 4), end("g2", 101, 5), end("g3", 102, 6),
+              on("both", 103, 4.5, (0, 1)), end("both", 103, 8)]
+    report = audit(beyond, [], due_bounds_s={}, window=(0, 10))
+    assert {(a.task, b.task) for a, b in report.pool_overlaps} == {
+        ("g2", "g3"), ("g2", "both"), ("g3", "both")}
+    # Given each slot's ledger: g2 wrote on slot 1 after g3 started there (an overlap), g3 did
+    # not write after "both" started (a late end); "both" wrote on both slots.
+    ledgers = {("gpu", 1): [{"fence": 101, "t": 2.5}, {"fence": 102, "t": 3.0},
+                            {"fence": 103, "t": 5.0}],
+               ("gpu", 0): [{"fence": 100, "t": 1.0}, {"fence": 103, "t": 5.0}]}
+    report = audit(beyond, [], due_bounds_s={}, window=(0, 10), slot_ledgers=ledgers)
+    assert [(a.task, b.task) for a, b in report.pool_overlaps] == [("g2", "g3")]
+    assert {(a.task, b.task) for a, b in report.pool_late_ends} == {
+        ("g2", "both"), ("g3", "both")}
+
+
+def test_a_pool_run_that_noticed_its_loss_is_a_fenced_straggler_of_its_slot() -> None:
+    journal = [on("g1", 100, 0, (0,)), on("g2", 101, 3, (0,)),
+               end("g1", 100, 5, lost="lease-unrenewed"), end("g2", 101, 9),
+               on("old", 90, 10, (1,)), end("old", 90, 11)]
+    report = audit(journal, [], due_bounds_s={}, window=(0, 10))
+    assert report.pool_overlaps == [] and [r.task for r in report.pool_fenced_stragglers] == [
+        "g1"]
+    assert report.stale_starts == []  # fence 90 is the first on slot 1
 
 
 def test_overlap_and_fenced_straggler_are_told_apart() -> None:
