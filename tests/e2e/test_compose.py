@@ -144,7 +144,36 @@ def script_argv(script: Path, *extra: str, env: dict[str, str] | None = None,
 
 # -- the compose file ------------------------------------------------------------------------
 def test_compose_names_exactly_the_five_services(services: dict[str, Any]) -> None:
-    assert set(services) == {"redis", "beat", "heavy", "light", "flower"}
+    """Five services start by default; the pool worker ``gpu`` only with ``--profile pools``."""
+    default = {name for name, svc in services.items() if not svc.get("profiles")}
+    assert default == {"redis", "beat", "heavy", "light", "flower"}
+    assert set(services) - default == {"gpu"}
+    assert services["gpu"]["profiles"] == ["pools"]
+
+
+#: The pool worker's script, and what it runs for ``workers/pool.sh gpu 2``.
+POOL_SCRIPT = ROOT / "workers" / "pool.sh"
+POOL_COMMAND = ["-A", "schedproj.app", "worker", "-Q", "gpu", "-c", "2", "-n", "gpu@%h"]
+
+
+def test_a_pool_service_runs_the_pool_script_on_the_pools_queue_with_its_slots(
+        services: dict[str, Any], tmp_path: Path) -> None:
+    """``workers/pool.sh POOL SLOTS``: ``celery worker -Q POOL -c SLOTS`` (docs/pools.md),
+    exec'd, extra arguments passed on; without a pool or slots it says how to call it."""
+    assert argv(services["gpu"]["command"]) == ["/app/workers/pool.sh", "gpu", "2"]
+    assert os.access(POOL_SCRIPT, os.X_OK) and POOL_SCRIPT.read_text().startswith(
+        "#!/usr/bin/env bash\n")
+    args, celery_pid, script_pid = script_argv(POOL_SCRIPT, "gpu", "2", "--extra", "x",
+                                               tmp=tmp_path)
+    assert args[:len(POOL_COMMAND)] == POOL_COMMAND, args
+    assert args[-2:] == ["--extra", "x"] and celery_pid == script_pid
+    for missing in ([], ["gpu"]):
+        proc = subprocess.run([str(POOL_SCRIPT), *missing], capture_output=True, text=True,
+                              timeout=10)
+        assert proc.returncode != 0 and "usage: workers/pool.sh POOL SLOTS" in proc.stderr
+    words = shlex.split(healthcheck_shell(services["gpu"]))
+    assert words[:5] == ["celery", "-A", "schedproj.app", "inspect", "ping"]
+    assert words[words.index("-d") + 1] == "gpu@${HOSTNAME}", "the node is gpu@%h"
 
 
 @pytest.mark.parametrize("role", ["heavy", "light", "beat"])
@@ -313,7 +342,7 @@ def test_one_beat_and_scalable_heavy_workers(services: dict[str, Any]) -> None:
     beat = services["beat"]
     assert beat.get("deploy", {}).get("replicas", 1) == 1
     assert beat.get("scale", 1) == 1
-    for name in ("heavy", "light"):
+    for name in ("heavy", "light", "gpu"):
         svc = services[name]
         # A fixed container name or host port would make `--scale heavy=3` fail.
         assert "container_name" not in svc and "ports" not in svc, name
@@ -322,7 +351,7 @@ def test_one_beat_and_scalable_heavy_workers(services: dict[str, Any]) -> None:
 
 def test_environment_of_every_schedproj_service(services: dict[str, Any]) -> None:
     known = {f"SCHEDPROJ_{f.upper()}" for f in Settings.model_fields} | NON_SETTING_ENV
-    for name in ("beat", "heavy", "light", "flower"):
+    for name in ("beat", "heavy", "light", "flower", "gpu"):
         env = services[name]["environment"]
         assert isinstance(env, dict), f"{name}: use the mapping form"
         assert interpolate(env["CELERY_BROKER_URL"], SECRETS) == \
@@ -331,6 +360,10 @@ def test_environment_of_every_schedproj_service(services: dict[str, Any]) -> Non
         assert interpolate(env["SCHEDPROJ_LANE_MODULES"],
                            {"SCHEDPROJ_LANE_MODULES": "my.lanes"}) == "my.lanes"
         assert interpolate(env.get("SENTRY_DSN", ""), {}) == "", "Sentry is optional"
+        # Beat and every worker read the same pools (a lane naming an undeclared pool is a
+        # start-up error); none by default.
+        assert interpolate(env["SCHEDPROJ_POOLS"], {}) == ""
+        assert interpolate(env["SCHEDPROJ_POOLS"], {"SCHEDPROJ_POOLS": "gpu=2"}) == "gpu=2"
         unknown = {k for k in env if k.startswith("SCHEDPROJ_")} - known
         assert not unknown, f"{name}: unknown settings {unknown}"
         assert services[name]["depends_on"]["redis"]["condition"] == "service_healthy"
