@@ -13,7 +13,7 @@ the raw record it read); the records themselves come from :func:`lifecycle.lost`
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from schedproj.core import lifecycle
@@ -72,13 +72,18 @@ def has_lapsed(run: RunRecord, *, heavy: bool, lease: LeaseView | None, now: flo
     return run.running_until is not None and now >= run.running_until + grace_s
 
 
-def slot_lease(leases: Iterable[LeaseView | None], run: RunRecord) -> LeaseView | None:
-    """Of the slot leases of a run's pool, the one naming the running run ``run`` names (a
-    run holding k slots: any of them, as its end releases them one by one, the last with its
-    record); None when none does, and the run lapsed (:func:`has_lapsed` judges it)."""
-    task = run.running_task_id
-    return next((lease for lease in leases
-                 if lease is not None and task and lease.task_id == task), None)
+def slot_leases_by_task(slots: Mapping[str, Sequence[LeaseView | None]],
+                        ) -> dict[str, LeaseView]:
+    """Each pool's slot leases (None: free) by the task id of the run they name. A run is
+    judged on every slot of its pool: it is alive while any of them names it (a run holding k
+    slots releases them one by one as it ends, the last with its record); the run no slot
+    names lapsed (:func:`has_lapsed` judges it)."""
+    out: dict[str, LeaseView] = {}
+    for leases in slots.values():
+        for lease in leases:
+            if lease is not None and lease.task_id:
+                out.setdefault(lease.task_id, lease)
+    return out
 
 
 def same_run(judged: RunRecord, stored: RunRecord) -> bool:
@@ -130,4 +135,4 @@ def vanished_run(gone: LeaseView, record: RunRecord, *, now: float,
 
 
 __all__ = ["CLEARED_HOW", "LostRun", "cleared", "explain", "follow_lease", "has_lapsed",
-           "lapsed_run", "same_run", "slot_lease", "vanished_run"]
+           "lapsed_run", "same_run", "slot_leases_by_task", "vanished_run"]

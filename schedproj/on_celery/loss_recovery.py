@@ -130,14 +130,16 @@ class LossRecovery:
         slots as read this tick) or in-flight mark (light) lapsed with no end recorded
         (:func:`lostruns.has_lapsed`); then the pool runs whose slot lease went before their
         start was recorded (:meth:`record_vanished_slot_runs`)."""
-        held = slots or {}
+        # Each slot lease by the run it names: a lane is looked up, not its pool's slots
+        # scanned (a tick may judge thousands of a pool's lanes).
+        by_task = lostruns.slot_leases_by_task(slots or {})
         for lane, state in states.items():
             spec = self.lanes.specs.get(lane)
             run = state.run
             if spec is None:
                 continue
             lease = (snap.lease if spec.pool == DEFAULT_POOL
-                     else lostruns.slot_lease(held.get(spec.pool, ()), run))
+                     else by_task.get(run.running_task_id or ""))
             if not lostruns.has_lapsed(run, heavy=spec.heavy, lease=lease, now=now,
                                        grace_s=self.grace_s):
                 continue
