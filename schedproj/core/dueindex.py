@@ -10,12 +10,13 @@ says which of them the planner must see now.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from schedproj.core.deferrals import LEASE_WAITS
 from schedproj.core.due import NEVER, due_at
 from schedproj.core.lanes import LaneSpec
+from schedproj.core.pools import DEFAULT_POOL
 from schedproj.core.records import LaneState, LeaseView, SchedRecord
 from schedproj.core.views import is_in_flight
 
@@ -44,18 +45,34 @@ def next_look(spec: LaneSpec, state: LaneState, now: float, *, paused: bool = Fa
 
 
 def waits_for_lease(state: LaneState) -> bool:
-    """Is the lane's recorded deferral a wait for the heavy lease (whose streak start is
-    already recorded and does not move while the same lease is held)?"""
+    """Is the lane's recorded deferral a wait for its pool — the heavy lease, or a pool's
+    slots — (whose streak start is already recorded and does not move while the same holds
+    stay)?"""
     d = state.sched.deferral
     return d is not None and d.reason in LEASE_WAITS
+
+
+#: A full pool's holds as the skip compares them: each slot's (token, start of its run).
+Holds = tuple[tuple[str, float | None], ...]
+
+
+def full_holds(slots: Mapping[str, Sequence[LeaseView | None]]) -> dict[str, Holds]:
+    """The holds of each pool with no free slot (``slots``: each pool's slot leases). A
+    pool with a free slot is left out: its waiters may be granted, whatever they held before.
+    A slot's start is in it because the pool's pressure is measured on its longest holder,
+    which a run starting changes."""
+    return {pool: tuple((lease.token, lease.started_at) for lease in leases
+                        if lease is not None)
+            for pool, leases in slots.items() if leases and None not in leases}
 
 
 @dataclass
 class TickMemory:
     """What the active beat keeps between ticks: the lanes due (with their states and the
-    score the index holds for them), the index position read so far, and the lease it saw.
-    Due lanes are ``waiting`` (heavy, recorded as waiting for the lease: nothing to do for
-    them while the same lease is held) or ``active`` (the rest: planned every tick).
+    score the index holds for them), the index position read so far, and the holds it saw.
+    Due lanes are ``waiting`` (heavy, recorded as waiting for their pool — the heavy lease,
+    or a pool's slots —: nothing to do for them while the same holds stay) or ``active``
+    (the rest: planned every tick). ``waiting_of`` sorts the waiting lanes by pool.
 
     ``cursor`` None means nothing is known: the next read takes every due lane (a new or
     restarted beat, a beat that lost its lock, state loss)."""
@@ -65,15 +82,28 @@ class TickMemory:
     scores: dict[str, float] = field(default_factory=dict)
     active: set[str] = field(default_factory=set)
     waiting: set[str] = field(default_factory=set)
+    waiting_of: dict[str, set[str]] = field(default_factory=dict)
     lease_token: str | None = None
+    #: Each full pool's holds after the last tick (``full_holds``, this tick's grants in).
+    holds: dict[str, Holds] = field(default_factory=dict)
+    #: How many waiting lanes of each pool the last ``focus`` skipped (pools it skipped none
+    #: of are left out): a publisher must not take a pool's skipped waiters for none.
+    skipped: dict[str, int] = field(default_factory=dict)
 
     @property
     def due(self) -> set[str]:
         return self.active | self.waiting
 
+    @property
+    def waits_in_pools(self) -> bool:
+        """Does a lane wait for the slots of a pool beyond the default? (Then the next focus
+        needs the slot leases read.)"""
+        return any(lanes for pool, lanes in self.waiting_of.items() if pool != DEFAULT_POOL)
+
     def reset(self) -> None:
         self.cursor, self.lease_token = None, None
-        for part in (self.states, self.scores, self.active, self.waiting):
+        for part in (self.states, self.scores, self.active, self.waiting, self.waiting_of,
+                     self.holds, self.skipped):
             part.clear()
 
     def learn(self, states: Mapping[str, LaneState], scores: Mapping[str, float | None],
@@ -94,29 +124,59 @@ class TickMemory:
         self.states.pop(lane, None)
         self.scores.pop(lane, None)
         self.active.discard(lane)
-        self.waiting.discard(lane)
+        self._stop_waiting(lane)
+
+    def _stop_waiting(self, lane: str) -> None:
+        if lane in self.waiting:
+            self.waiting.discard(lane)
+            for lanes in self.waiting_of.values():
+                lanes.discard(lane)
 
     def focus(self, looked: Iterable[str], lease: LeaseView | None,
-              always: Collection[str]) -> tuple[set[str], int]:
-        """(lanes the planner must see this tick, how many due lanes it skips). While the same
-        lease is held, the ``waiting`` lanes not looked at are skipped: the planner would
-        defer each again with the same streak, so the tick does no work for them. Costs the
-        lanes looked at and the active ones, not the waiting ones."""
+              always: Collection[str],
+              slots: Mapping[str, Sequence[LeaseView | None]] | None = None,
+              replan: Collection[str] = ()) -> tuple[set[str], int]:
+        """(lanes the planner must see this tick, how many due lanes it skips). The
+        ``waiting`` lanes not looked at are skipped while their pool's holds are those the
+        last tick left: the same heavy lease held, or (``slots``: each pool's slot leases
+        as read this tick) every slot of the pool held under the same tokens, by runs that
+        started or not as before. The planner would defer each again with the same streak,
+        so the tick does no work for them — unless their pool is in ``replan`` (say, the lane
+        its published pressure names changed: only planning them all tells who presses
+        next). Costs the lanes looked at, the active ones and the holders, not the waiting
+        ones. Sets ``skipped``."""
         focus = set(looked)
         focus.update(always, self.active)
-        if lease is None or lease.token != self.lease_token:
-            focus.update(self.waiting)
-            return focus, 0
-        focus.add(lease.lane)
-        # ``&`` walks the smaller set: no per-lane work for the waiting ones.
-        return focus, len(self.waiting) - len(focus & self.waiting)
+        same = full_holds(slots or {})
+        same = {pool: holds for pool, holds in same.items()
+                if self.holds.get(pool) == holds and pool not in replan}
+        if lease is not None and lease.token == self.lease_token:
+            same[DEFAULT_POOL] = ()
+            focus.add(lease.lane)
+        for pool in same.keys() - {DEFAULT_POOL}:
+            # The holders are planned, as the lease's: a holder is never one of its waiters.
+            focus.update(held.lane for held in (slots or {})[pool]
+                         if held is not None and held.lane)
+        self.skipped = {}
+        for pool, lanes in self.waiting_of.items():
+            if pool not in same:
+                focus.update(lanes)
+            # ``&`` walks the smaller set: no per-lane work for the waiting ones.
+            elif lanes and (skipped := len(lanes) - len(focus & lanes)):
+                self.skipped[pool] = skipped
+        return focus, sum(self.skipped.values())
 
     def settle(self, looks: Mapping[str, float], now: float, lease_token: str | None,
-               waiting: Collection[str],
-               states: Mapping[str, LaneState]) -> dict[str, float]:
+               waiting: Collection[str] | Mapping[str, str],
+               states: Mapping[str, LaneState],
+               holds: Mapping[str, Holds] | None = None) -> dict[str, float]:
         """After the tick: record each planned lane's next look and its state as the plan
-        leaves it (``waiting``: those now recorded as waiting for the lease); return the
-        index scores that must be written (those that differ from what the index holds)."""
+        leaves it (``waiting``: those now recorded as waiting for their pool; a mapping
+        gives each one's pool, else the default pool's), and the holds the tick leaves
+        (``holds``: ``full_holds`` of the slot leases with this tick's grants; None: the
+        slots were not read, so no pool's waiters are skipped next tick); return the index
+        scores that must be written (those that differ from what the index holds)."""
+        pool_of = waiting if isinstance(waiting, Mapping) else {}
         writes: dict[str, float] = {}
         for lane, look in looks.items():
             if self.scores.get(lane) != look:
@@ -124,12 +184,21 @@ class TickMemory:
             if look <= now:
                 self.scores[lane] = look
                 self.states[lane] = states[lane]
-                (self.waiting if lane in waiting else self.active).add(lane)
-                (self.active if lane in waiting else self.waiting).discard(lane)
+                if lane in waiting:
+                    mine = self.waiting_of.setdefault(pool_of.get(lane, DEFAULT_POOL), set())
+                    if lane not in mine:
+                        self._stop_waiting(lane)
+                        self.waiting.add(lane)
+                        mine.add(lane)
+                    self.active.discard(lane)
+                else:
+                    self._stop_waiting(lane)
+                    self.active.add(lane)
             else:
                 self.forget(lane)
         self.cursor = now
         self.lease_token = lease_token
+        self.holds = dict(holds or {})
         return writes
 
 
@@ -142,5 +211,5 @@ def with_changes(states: Mapping[str, LaneState],
 
 #: ``NEVER`` and ``due_at`` (the due-time rule, ``core.due``) are named here too: the worker
 #: files a finished run's due time through the due index.
-__all__ = ["DERIVED_RECONCILE_S", "NEVER", "TickMemory", "due_at", "next_look",
-           "waits_for_lease", "with_changes"]
+__all__ = ["DERIVED_RECONCILE_S", "NEVER", "Holds", "TickMemory", "due_at", "full_holds",
+           "next_look", "waits_for_lease", "with_changes"]

@@ -27,13 +27,14 @@ from celery.beat import ScheduleEntry, Scheduler
 from celery.schedules import schedule as every
 
 from schedproj.core import defaults
-from schedproj.core.dueindex import DERIVED_RECONCILE_S, TickMemory
+from schedproj.core.dueindex import DERIVED_RECONCILE_S, TickMemory, full_holds
 from schedproj.core.entries import RECHECK_S
 from schedproj.core.errors import BeatLockLost
 from schedproj.core.lanes import queue_for
 from schedproj.core.laneset import LaneSet, registry_json
 from schedproj.core.planner import Plan, TickInput, plan_tick
-from schedproj.core.records import LeaseView
+from schedproj.core.pools import DEFAULT_POOL
+from schedproj.core.records import LaneState, LeaseView
 from schedproj.on_celery.config import no_lanes_message, validate_or_exit, wait_for_redis
 from schedproj.on_celery.dispatch import Dispatcher, LaneEntry, PressurePublisher
 from schedproj.on_celery.due_checks import DueChecks, ErrorReporter
@@ -105,7 +106,7 @@ class BeatEngine:
                                 code_entries, max_look_s=RECHECK_S,
                                 reserved=lanes.names),
             slots=PoolSlots(rt.store.client, rt.keys, lanes.pools),
-            pool_pressure=PoolPressure(rt))
+            pool_pressure=PoolPressure(rt, tick_lanes))
 
 
 def stall_before_send(seconds: float) -> Callable[[Plan], None]:
@@ -288,11 +289,7 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         if snap.epoch.quarantine_left_s == 0:  # a run lost in a state loss may re-assert
             # Before this tick dispatches: a new run of the lane must not end first.
             e.recovery.record_vanished_run(snap, now)
-        focus, skipped = e.memory.focus(
-            (lane for lane in snap.looked if lane in snap.states), snap.lease, e.lanes.always)
-        states = {lane: st for lane in focus
-                  if (st := e.memory.states.get(lane)) is not None and e.lanes.spec(lane)}
-        slots = self._read_slots(needed=bool(states))
+        states, slots = self._focus(snap)
         if snap.epoch.quarantine_left_s == 0:  # records lost in a state loss can't be judged
             # Before dispatching: a new run of the lane, started within milliseconds of its
             # message, would replace the dead run's mark before this could record it.
@@ -302,10 +299,10 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
             # The idle tick: what planning would leave, without planning. The cursor and the
             # lease seen move on as after an empty plan (nothing to write, nothing to send).
             e.memory.settle({}, now, snap.lease.token if snap.lease is not None else None,
-                            (), {})
+                            (), {}, holds=full_holds(slots))
             next_look = snap.next_look
         else:
-            slots = slots if states else self._read_slots(needed=True)
+            slots = slots if states or e.memory.waits_in_pools else self._read_slots(True)
             plan = plan_tick(
                 [e.lanes.specs[lane] for lane in states],
                 TickInput(states=states, lease=snap.lease, paused=snap.paused,
@@ -322,12 +319,31 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         if entries_look is not None:
             next_look = entries_look if next_look is None else min(next_look, entries_look)
         if plan is not None:
-            self._publish_pressure(plan, snap, slots, partial=skipped > 0, now=now)
+            self._publish_pressure(plan, snap, slots, now=now)
         e.families.sync(now)
         e.lanes.keep_only(e.memory.states)
         interval = self._wait(plan, next_look, now)
         self._refusal_said = ""
         return interval
+
+    def _focus(self, snap: Snapshot) -> tuple[dict[str, LaneState],
+                                              dict[str, list[LeaseView | None]]]:
+        """The lanes to plan (``TickMemory.focus``) with their states, and the slot leases.
+        The slots are read first when a lane waits for a pool's slots: whether its waiters
+        are skipped depends on them."""
+        e = self.engine
+        first = e.memory.waits_in_pools
+        slots = self._read_slots(needed=first)
+        pressing = e.pool_pressure.pressing()
+        focus, _ = e.memory.focus((lane for lane in snap.looked if lane in snap.states),
+                                  snap.lease, e.lanes.always, slots if first else None,
+                                  replan={pressing[lane] for lane in snap.looked
+                                          if lane in pressing})
+        states = {lane: st for lane in focus
+                  if (st := e.memory.states.get(lane)) is not None and e.lanes.spec(lane)}
+        if not first:
+            slots = self._read_slots(needed=bool(states))
+        return states, slots
 
     def _read_slots(self, needed: bool) -> dict[str, list[LeaseView | None]]:
         """Each pool's slot leases (none when no pool beyond the default is declared, or not
@@ -338,16 +354,17 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         return self.engine.slots.read() if needed and self.engine.slots else {}
 
     def _publish_pressure(self, plan: Plan, snap: Snapshot,
-                          slots: dict[str, list[LeaseView | None]], *, partial: bool,
-                          now: float) -> None:
-        """The pressure on the heavy lease, and on each pool's longest holder."""
+                          slots: dict[str, list[LeaseView | None]], *, now: float) -> None:
+        """The pressure on the heavy lease, and on each pool's longest holder; each measured
+        knowing whether this tick skipped its waiters (``TickMemory.skipped``)."""
         e = self.engine
-        e.pressure.publish(plan.decision, snap, now, states=plan.states, partial=partial,
-                           granted=e.dispatcher.granted)
+        skipped = e.memory.skipped
+        e.pressure.publish(plan.decision, snap, now, states=plan.states,
+                           partial=DEFAULT_POOL in skipped, granted=e.dispatcher.granted)
         if slots:
             e.pool_pressure.publish(plan.decision, slots, e.dispatcher.granted_slots,
                                     plan.states, now, fresh=snap.lock.event != "renewed"
-                                    or bool(snap.epoch.cause))
+                                    or bool(snap.epoch.cause), partial=skipped.keys())
 
     def _nothing_to_plan(self, snap: Snapshot, states: dict[str, Any], now: float) -> bool:
         """Would planning this tick decide, write, send and publish nothing? True when the

@@ -17,7 +17,14 @@ import redis
 from celery.beat import ScheduleEntry
 
 from schedproj.core.deferrals import Deferral
-from schedproj.core.dueindex import TickMemory, next_look, waits_for_lease, with_changes
+from schedproj.core.dueindex import (
+    Holds,
+    TickMemory,
+    full_holds,
+    next_look,
+    waits_for_lease,
+    with_changes,
+)
 from schedproj.core.errors import BeatLockLost
 from schedproj.core.families import split_member
 from schedproj.core.lanes import queue_for
@@ -91,7 +98,7 @@ class Dispatcher:
         except BeatLockLost:
             self._release_all(grants)
             raise
-        looks = self._record(plan, snap, grants)
+        looks = self._record(plan, snap, grants, slots)
         self.before_send(plan)
         _log_deferrals(plan.new_deferrals, plan.decision)
         _log_misses(plan.misses)
@@ -110,8 +117,8 @@ class Dispatcher:
             later.append(snap.next_look)
         return plan, min(later, default=None)
 
-    def _record(self, plan: Plan, snap: Snapshot,
-                grants: dict[str, dict[str, Any]]) -> dict[str, float]:
+    def _record(self, plan: Plan, snap: Snapshot, grants: dict[str, dict[str, Any]],
+                slots: Mapping[str, Sequence[LeaseView | None]] | None) -> dict[str, float]:
         """Write the plan's record changes and each planned lane's next look, together, only
         while holding the beat lock. Returns the looks."""
         states = with_changes(plan.states, plan.changes)
@@ -119,7 +126,8 @@ class Dispatcher:
         winner = grants.get(plan.decision.winner or "")
         token = (winner[LEASE_KWARG]["token"] if winner
                  else snap.lease.token if snap.lease is not None else None)
-        writes = self.memory.settle(looks, plan.now, token, waiting, states)
+        writes = self.memory.settle(looks, plan.now, token, waiting, states,
+                                    holds=None if slots is None else holds_after(slots, grants))
         if not self.rt.store.write_sched(self.token, plan.changes, writes):
             self._release_all(grants)
             self.memory.reset()
@@ -142,30 +150,29 @@ class Dispatcher:
             self.rt.lease.release(grant["token"])
 
     def _looks(self, plan: Plan, states: dict[str, LaneState],
-               snap: Snapshot) -> tuple[dict[str, float], set[str]]:
+               snap: Snapshot) -> tuple[dict[str, float], dict[str, str]]:
         """Each planned lane's next look once the plan is carried out (``states``), and which
-        of them are heavy lanes waiting for the lease (skipped while the same lease is
-        held)."""
+        of them are heavy lanes waiting for their pool, with the pool (skipped while the
+        same lease, or every slot of the pool, stays held: ``TickMemory.focus``)."""
         looks: dict[str, float] = {}
-        waiting: set[str] = set()
+        waiting: dict[str, str] = {}
         memory, changes, read = self.memory, plan.changes, snap.states
         for lane, state in states.items():
             if lane not in changes and lane not in read and lane in memory.scores:
                 # Due before, unchanged since: its next look is what the index holds.
                 looks[lane] = memory.scores[lane]
                 if lane in memory.waiting:
-                    waiting.add(lane)
+                    waiting[lane] = self.lanes.specs[lane].pool
                 continue
             spec = self.lanes.specs[lane]
             forced = lane in snap.forced and lane not in plan.sends
             looks[lane] = next_look(spec, state, plan.now, paused=lane in snap.paused,
                                     forced=forced, grace_s=self.settings.lease_ttl_s)
-            # Only the heavy lease's waiters are skipped while it stays held: a slot of a
-            # pool may free with the lease unchanged, so a pool's waiters are planned.
-            if (spec.heavy and spec.pool == DEFAULT_POOL and waits_for_lease(state)
-                    and lane not in plan.sends
+            # Each pool's waiters are skipped only while its own holds stay (a slot of a
+            # pool may free with the lease unchanged): ``TickMemory.focus`` compares them.
+            if (spec.heavy and waits_for_lease(state) and lane not in plan.sends
                     and spec.family not in self.lanes.gating_families):
-                waiting.add(lane)
+                waiting[lane] = spec.pool
         return looks, waiting
 
     def _grant(self, plan: Plan, beat_fence: int) -> tuple[Plan, dict[str, Any]]:
@@ -327,6 +334,25 @@ class Dispatcher:
         return False
 
 
+def holds_after(slots: Mapping[str, Sequence[LeaseView | None]],
+                grants: Mapping[str, Mapping[str, Any]]) -> dict[str, Holds]:
+    """Each full pool's holds once this tick's slot grants are in (``full_holds``): the slots
+    read free and granted now, under their grant's token, not started yet. What the next
+    tick reads if nothing else changes, so its waiters are skipped then."""
+    seen = {pool: list(leases) for pool, leases in slots.items()}
+    for kwargs in grants.values():
+        grant = kwargs.get(LEASE_KWARG)
+        if not grant:
+            continue
+        pool, indexes = slots_of(grant)
+        if pool is None or pool not in seen:
+            continue
+        for index in (i for i in indexes if i < len(seen[pool])):
+            seen[pool][index] = LeaseView(lane="", token=grant["token"], fence=0,
+                                          granted_at=0.0)
+    return full_holds(seen)
+
+
 def _log_misses(misses: tuple[Missed, ...]) -> None:
     for m in misses:
         logger.warning(
@@ -400,4 +426,4 @@ def _default_pool_only(decision: Decision) -> Decision:
                                     if view.spec.pool == DEFAULT_POOL})
 
 
-__all__ = ["Dispatcher", "LaneEntry", "PressurePublisher"]
+__all__ = ["Dispatcher", "LaneEntry", "PressurePublisher", "holds_after"]

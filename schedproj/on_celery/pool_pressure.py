@@ -8,18 +8,19 @@ the holder whose fence it names yields. A waiter presses only on the holders of 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 
 import redis
 
 from schedproj.core.picker import Policy
 from schedproj.core.pipeline import Decision
-from schedproj.core.pressure import Pressure, changed, measure
+from schedproj.core.pressure import Pressure, changed, measure, outranks
 from schedproj.core.pressure import encode as encode_pressure
 from schedproj.core.records import LaneState, LeaseView
 from schedproj.core.views import LaneView
 from schedproj.on_celery.runtime import Runtime
+from schedproj.on_celery.tick_lanes import TickLanes
 
 logger = logging.getLogger("schedproj.beat")
 
@@ -40,35 +41,48 @@ class PoolPressure:
     """Publishes each pool's pressure when it changed (a tick that changes nothing costs no
     write); a beat that just took the lock, or Redis that lost state, writes it again."""
 
-    def __init__(self, rt: Runtime) -> None:
-        self.rt = rt
+    def __init__(self, rt: Runtime, lanes: TickLanes) -> None:
+        self.rt, self.lanes = rt, lanes
         #: What this beat last published per pool.
         self.published: dict[str, Pressure | None] = {}
         self.failing: set[str] = set()
 
     def publish(self, decision: Decision, slots: Mapping[str, Sequence[LeaseView | None]],
                 granted: Mapping[str, Sequence[LeaseView]], states: Mapping[str, LaneState],
-                now: float, *, fresh: bool) -> None:
+                now: float, *, fresh: bool, partial: Collection[str] = ()) -> None:
         """``slots``: each pool's slot leases as read this tick; ``granted``: the slot
-        leases this tick granted (the lanes it deferred press on those holds too)."""
+        leases this tick granted (the lanes it deferred press on those holds too);
+        ``partial``: the pools whose waiters this tick skipped (their holds unchanged,
+        ``TickMemory.focus``): what was published for such a pool stands unless a lane the
+        tick did see outranks it — measured without its skipped waiters it would read as
+        nobody pressing, and the holder would never hear of them."""
         if fresh:
             self.published.clear()
         legacy = self.rt.settings.policy is Policy.REGISTRY
         # Each pool's heavy views, in one pass over the views (a tick may view 10,000 due
         # lanes; a pass per pool cost a third of the ranking tick's extra time over the lease).
         by_pool: dict[str, dict[str, LaneView]] = {pool: {} for pool in slots}
+        # A lane granted a slot this tick holds it: its view (taken before the grant) does
+        # not say so, and it presses on nobody.
+        holding = {lease.lane for leases in granted.values() for lease in leases}
         for name, view in decision.views.items():
             mine = by_pool.get(view.spec.pool)
-            if mine is not None and view.spec.heavy:
+            if mine is not None and view.spec.heavy and name not in holding:
                 mine[name] = view
         for pool, leases in slots.items():
             views = by_pool[pool]
             holder = longest_holder([*leases, *granted.get(pool, ())])
             pressure = measure(replace(decision, views=views), states, holder, now,
                                legacy=legacy)
-            if pool in self.published and not changed(self.published[pool], pressure):
+            if pool in self.published and (
+                    not changed(self.published[pool], pressure) or (pool in partial and not
+                    outranks(pressure, self.published[pool], now, self.lanes.spec))):
                 continue
             self._write(pool, pressure)
+
+    def pressing(self) -> dict[str, str]:
+        """The lane each pool's published pressure names, with the pool (lane -> pool)."""
+        return {p.lane: pool for pool, p in self.published.items() if p is not None}
 
     def _write(self, pool: str, pressure: Pressure | None) -> None:
         key = self.rt.keys.slot(pool, 0).pressure
