@@ -93,6 +93,8 @@ class Figures:
     lease_recovery_s: list[float] = field(default_factory=list)
     failover_s: list[float] = field(default_factory=list)
     paused_fences: list[int] = field(default_factory=list)
+    #: The fences of the pool runs paused with the lease's holder.
+    paused_pool_fences: list[int] = field(default_factory=list)
     #: Sentinel failovers: how each was made, how long until the replica was promoted, and
     #: how many bytes of replication stream the promoted replica lacked.
     failover_methods: Counter[str] = field(default_factory=Counter)
@@ -121,6 +123,17 @@ def current_holder(audit_redis: RedisServer) -> dict[str, Any] | None:
         else:
             open_runs.pop(e["task"], None)
     return max(open_runs.values(), key=lambda e: e["t"], default=None)
+
+
+def pool_holders(audit_redis: RedisServer) -> list[dict[str, Any]]:
+    """The runs of the pools beyond the default that started and have not ended."""
+    open_runs: dict[str, dict[str, Any]] = {}
+    for e in journal(audit_redis):
+        if e["ev"] == "start" and e.get("pool", DEFAULT_POOL) != DEFAULT_POOL:
+            open_runs[e["task"]] = e
+        elif e["ev"] != "start":
+            open_runs.pop(e["task"], None)
+    return list(open_runs.values())
 
 
 def active_beat(sc: Scene) -> Child | None:
@@ -184,6 +197,12 @@ def _kill_heavy(sc: Scene) -> None:
     worker.signal(signal.SIGKILL)
     sc.figures.killed.add(worker.popen.pid)
     sc.figures.kills["kill-heavy"] += 1
+    pool_worker = _pool_worker_running(sc)
+    if pool_worker is not None:  # and the pool's worker, its runs with it: lost per slot
+        pool_worker.signal(signal.SIGKILL)
+        sc.figures.killed.add(pool_worker.popen.pid)
+        sc.figures.kills["kill-pool-worker"] += 1
+        sc.fleet.spawn("pool")
     fence = int(holder["fence"])
     killed_at = time.monotonic()
     if wait_until(lambda: any(e["ev"] == "start" and e["fence"] > fence
@@ -198,11 +217,25 @@ def _pause_heavy(sc: Scene) -> None:
     worker = sc.fleet.holding(int(holder["pid"])) if holder else None
     if holder is None or worker is None:
         return
-    worker.signal(signal.SIGSTOP)
+    pool_worker = _pool_worker_running(sc)
+    paused = [worker] if pool_worker is None else [worker, pool_worker]
+    for child in paused:
+        child.signal(signal.SIGSTOP)
     sc.figures.kills["pause-heavy"] += 1
     sc.figures.paused_fences.append(int(holder["fence"]))
+    if pool_worker is not None:  # the pool's runs are paused past their slots' TTL too
+        sc.figures.kills["pause-pool-worker"] += 1
+        sc.figures.paused_pool_fences.extend(int(r["fence"]) for r in pool_holders(sc.audit_redis))
     time.sleep(LEASE_TTL_S + 1.5)
-    worker.signal(signal.SIGCONT)
+    for child in paused:
+        child.signal(signal.SIGCONT)
+
+
+def _pool_worker_running(sc: Scene) -> Child | None:
+    """The pool's worker while a pool run is open in the journal (the one worker serves the
+    pool), else None."""
+    holders = pool_holders(sc.audit_redis)
+    return next((w for r in holders if (w := sc.fleet.holding(int(r["pid"]), "pool"))), None)
 
 
 def _kill_beat(sc: Scene) -> None:

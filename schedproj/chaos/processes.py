@@ -81,13 +81,14 @@ class Fleet:
     def live(self, role: str) -> list[Child]:
         return [c for c in self.children if c.role == role and c.alive()]
 
-    def holding(self, pid: int) -> Child | None:
-        """The worker whose process group contains ``pid`` (the pool child running a lane)."""
+    def holding(self, pid: int, role: str = "heavy") -> Child | None:
+        """The worker of ``role`` whose process group contains ``pid`` (the prefork child
+        running a lane)."""
         try:
             group = os.getpgid(pid)
         except ProcessLookupError:
             return None
-        return next((c for c in self.live("heavy") if c.popen.pid == group), None)
+        return next((c for c in self.live(role) if c.popen.pid == group), None)
 
     def stop(self) -> None:
         stop_all(list(self.children), timeout_s=15)

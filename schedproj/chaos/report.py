@@ -86,7 +86,7 @@ def collect(audit_redis: RedisServer, figures: Figures, started: float,
         (began, kind, done + RECOVERY_AFTER_S.get(kind, 0.0))
         for began, kind, done in figures.log], window=(started + 15, ended - 2))
     os_overlaps = [json.loads(x) for x in client.lrange(overlaps_key(PREFIX), 0, -1)]
-    paused = set(figures.paused_fences)
+    paused = set(figures.paused_fences) | set(figures.paused_pool_fences)
     after_pause = [o for o in os_overlaps if (o.get("holder") or {}).get("fence") in paused]
     member_starts = [e for e in entries if e["ev"] == "start"
                      and str(e.get("lane", "")).startswith(f"{FAMILY}[")]
@@ -101,6 +101,7 @@ def collect(audit_redis: RedisServer, figures: Figures, started: float,
         "os_overlaps_with_a_paused_holder": len(after_pause),
         **pool_figures(entries, slot_ledgers,
                        [o for o in os_overlaps if o.get("pool") and o not in after_pause]),
+        "pool_os_overlaps_with_a_paused_holder": sum(1 for o in after_pause if o.get("pool")),
         "longest_wait_after_state_loss_s": longest_wait(entries, figures.losses),
         "faults": dict(figures.kills),
         "derived_damage": dict(figures.derived_damage),
@@ -252,6 +253,8 @@ def pool_rows(report: dict[str, Any]) -> list[tuple[str, Any]]:
          report.get("pool_overlaps")),
         ("  ... seen by the OS slot files (must be 0; in the OS count above)",
          report.get("pool_os_overlaps")),
+        ("  ... by the OS slot files, a SIGSTOPped holder resumed (fenced)",
+         report.get("pool_os_overlaps_with_a_paused_holder")),
         ("  ... fenced stragglers / late ends on a slot",
          f"{report.get('pool_fenced_stragglers')} / {report.get('pool_late_ends')}"),
         ("pool writes refused by a slot's fence / slot ledgers monotone",
