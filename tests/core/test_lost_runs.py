@@ -11,6 +11,7 @@ from schedproj.core.lostruns import (
     has_lapsed,
     lapsed_run,
     same_run,
+    slot_leases_by_task,
     vanished_run,
 )
 from schedproj.core.records import LeaseView, Outcome, RunRecord
@@ -129,3 +130,17 @@ def test_a_vanished_run_with_no_start_mark_is_recorded_lost() -> None:
 ])
 def test_a_vanished_run_is_not_lost_when_the_record_accounts_for_it(record: RunRecord) -> None:
     assert vanished_run(lease("T1"), record, now=NOW, put_back_at=None) is None
+
+
+def test_a_pool_run_is_alive_while_any_slot_of_its_pool_names_it() -> None:
+    """A run holding two slots, one of them released already (its end releases them one by
+    one): alive; a run no slot names: lapsed; a free or unreadable slot names nobody."""
+    two = lease("T1")
+    other = lease("T2", fence=9)
+    unreadable = LeaseView(lane="", token="", fence=0, granted_at=0.0)
+    by_task = slot_leases_by_task({"gpu": [None, two], "db": [other, unreadable, None]})
+    assert set(by_task) == {"T1", "T2"}
+    assert not has_lapsed(running("T1"), heavy=True, lease=by_task.get("T1"), now=NOW,
+                          grace_s=GRACE)
+    assert has_lapsed(running("T3"), heavy=True, lease=by_task.get("T3"), now=NOW,
+                      grace_s=GRACE)
