@@ -57,5 +57,5 @@ class Cluster:
             assert proc.alive(), proc.text()
         return proc
 
-    def stop_all(self) -> None:
-        stop_all(self.procs)
+    def stop_all(self, timeout_s: float = 10.0) -> None:
+        stop_all(self.procs, timeout_s)
