@@ -336,16 +336,6 @@ def holders(slots: Mapping[str, Sequence[LeaseView | None]]) -> dict[str, list[s
             for pool, leases in slots.items()}
 
 
-def slot_holders(slots: Mapping[str, Sequence[LeaseView | None]]) -> dict[str, LeaseView]:
-    """The slot lease naming each lane that holds a slot (a lane holding k slots: its first)."""
-    out: dict[str, LeaseView] = {}
-    for leases in slots.values():
-        for lease in leases:
-            if lease is not None and lease.lane:
-                out.setdefault(lease.lane, lease)
-    return out
-
-
 def free_slots(leases: Sequence[LeaseView | None]) -> list[int]:
     """The indexes of a pool's free slots, lowest first."""
     return [i for i, lease in enumerate(leases) if lease is None]
@@ -366,4 +356,4 @@ def parse_lease(raw: str | None, key: str) -> LeaseView | None:
 
 
 __all__ = ["UNREADABLE_SLOT", "Grant", "HeavyLease", "Holder", "OperatorRequest", "PoolSlots",
-           "Renewal", "SlotGroup", "free_slots", "holders", "parse_lease", "slot_holders"]
+           "Renewal", "SlotGroup", "free_slots", "holders", "parse_lease"]

@@ -99,8 +99,10 @@ CATALOG: tuple[MetricDoc, ...] = (
     _counter("schedproj_derived_state_heals", "Derived keys (due index, changed set) found "
              "missing, emptied, of the wrong type or restored from an older copy, and rebuilt "
              "by beat.", "key"),
-    _counter("schedproj_missed_runs", "Fire times of a calendar lane skipped because they "
-             "passed its catch-up window with no run (catchup_window_s).", "lane"),
+    _counter("schedproj_missed_runs", "Fire times of a calendar lane, or of a crontab schedule "
+             "entry (labelled with the entry's name), skipped because they passed its catch-up "
+             "window with no run (catchup_window_s; beat_cron_starting_deadline for entries).",
+             "lane"),
     _counter(f"schedproj_{LEASE_ACQUISITIONS}", "Heavy lease grants (the fencing counter)."),
     _gauge("schedproj_pool_slots", "Slots of the pool (the default pool heavy: 1, the lease).",
            "pool"),
