@@ -105,6 +105,19 @@ elif SCENARIO == "slow":
     def pulse_lane(self: LaneTask) -> None:
         sleeper(self, "e2e.pulse", 0.01)
 
+    if "gpu=" in os.environ.get("SCHEDPROJ_POOLS", ""):
+        # The compose test's pool gpu=2 (its gpu service): three lanes of one slot each, due
+        # every second and running 1.5 s, so the pool's two slots are busy at once and a
+        # third run would overlap them were the slots not held.
+        def _gpu_lane(name: str) -> None:
+            @shared_task(base=LaneTask, bind=True, name=name,
+                         lane=Lane(cadence_s=1, kind=LaneKind.HEAVY, pool="gpu", order=40))
+            def gpu_lane(self: LaneTask) -> None:
+                sleeper(self, name, 1.5)
+
+        for _n in range(3):
+            _gpu_lane(f"e2e.gpu{_n}")
+
 elif SCENARIO == "calendar":
     # Calendar lanes on every minute in a zone that is not the host's (St John's is UTC-3:30
     # or -2:30: its minutes are UTC's, its hours are not), beside a cadence lane.

@@ -3,8 +3,9 @@
 ``compose/docker-compose.yml`` with the test-only override ``compose/docker-compose.test.yml``
 (every service on the host's network, on loopback ports picked here). The default run: build
 the image, ``up --wait`` with every service healthy (Redis with its append-only file, beat, one
-heavy worker, light, Flower behind basic auth), beat's first start logs no ERROR, lanes run on
-both queues on their own workers, Flower's API answers only with the password, beat serves its
+heavy worker, light, a pool gpu=2's worker, Flower behind basic auth), beat's first start logs
+no ERROR, lanes run on both queues on their own workers, the pool's lanes on its worker with
+two at once and never three, Flower's API answers only with the password, beat serves its
 metrics, and ``down -v`` leaves nothing behind. Marked ``slow`` (``.venv/bin/python -m pytest
 tests/e2e/test_compose_docker.py -m slow``; docs/testing.md): heavy scaled to 3, the container
 whose worker holds the lease is killed and the lease moves within its TTL with no two heavy
@@ -67,6 +68,8 @@ FLOWER_AUTH = "admin:compose-test-secret"
 REDIS_PASSWORD = "composeTestRedis1"
 STATUS_PASSWORD = "compose-test-status"
 PREFIX = "schedproj"
+#: The heavy lanes of the default pool (the single lease); e2e.gpu0-2 are the pool gpu's.
+LEASE_LANES = {"e2e.long"}
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -255,6 +258,8 @@ def deployment(engine: None, request: pytest.FixtureRequest) -> Iterator[Deploym
         "SCHEDPROJ_TEST_FLOWER_PORT": str(ports["flower"]),
         "SCHEDPROJ_TEST_METRICS_PORT": str(ports["metrics"]),
         "SCHEDPROJ_TEST_LEASE_TTL_S": str(LEASE_TTL_S),
+        # The gpu service (a pool's worker) starts only with this profile.
+        "COMPOSE_PROFILES": "pools",
     })
     dep = Deployment(project=f"schedproj-test-{os.getpid()}", env=env,
                      redis_port=ports["redis"], flower_port=ports["flower"],
@@ -317,12 +322,13 @@ def lease(r: redis.Redis) -> dict[str, Any] | None:
 
 def heavy_intervals(entries: list[dict[str, Any]],
                     cut: dict[int, float]) -> list[tuple[float, float, int]]:
-    """(start, end, fence) of every heavy run; a run with no end ends at ``cut[fence]`` (its
-    container was killed then) or is still running."""
+    """(start, end, fence) of every run under the heavy lease (the pool gpu's runs have
+    fences of their own slots); a run with no end ends at ``cut[fence]`` (its container was
+    killed then) or is still running."""
     starts = {(e["task"], e["fence"]): e["t"] for e in entries
-              if e["ev"] == "start" and e["fence"] > 0}
+              if e["ev"] == "start" and e["fence"] > 0 and e["lane"] in LEASE_LANES}
     ends = {(e["task"], e["fence"]): e["t"] for e in entries
-            if e["ev"] == "end" and e["fence"] > 0}
+            if e["ev"] == "end" and e["fence"] > 0 and e["lane"] in LEASE_LANES}
     return sorted((t, ends.get(key, cut.get(key[1], float("inf"))), key[1])
                   for key, t in starts.items())
 
@@ -347,7 +353,7 @@ def test_every_service_is_up_and_healthy_on_the_hosts_loopback(deployment: Deplo
     for row in rows:
         by_service.setdefault(row["Service"], []).append(row)
     assert {s: len(v) for s, v in by_service.items()} == {
-        "redis": 1, "beat": 1, "heavy": HEAVY_AT_START, "light": 1, "flower": 1}
+        "redis": 1, "beat": 1, "heavy": HEAVY_AT_START, "light": 1, "gpu": 1, "flower": 1}
     for row in rows:
         assert row["State"] == "running" and row["Health"] == "healthy", row
         config = deployment.inspect(row["ID"])["HostConfig"]
@@ -418,6 +424,44 @@ def test_lanes_run_on_both_queues_on_their_own_workers(deployment: Deployment) -
         workers_by_lane()), 30, "Flower to show both lanes' workers", poll_s=1)
     assert all(w.startswith("heavy-") for w in seen["e2e.long"]), seen
     assert all(w.startswith("light@") for w in seen["e2e.pulse"]), seen
+
+
+def test_a_pools_lanes_run_on_its_worker_two_at_once_never_three(
+        deployment: Deployment) -> None:
+    """The gpu service (workers/pool.sh gpu 2, profile "pools") serves the pool gpu=2: its
+    three lanes, each due every second and running 1.5 s, run on it, two at a time at most
+    (the intervals the lanes record themselves, not what schedproj says), and both slots
+    are used at once."""
+    r = deployment.redis()
+    lanes = {f"e2e.gpu{n}" for n in range(3)}
+
+    def gpu_runs() -> list[dict[str, Any]] | None:
+        runs = [json.loads(x) for x in r.lrange(f"{PREFIX}:e2e:runs", 0, -1)]
+        runs = [x for x in runs if x["lane"] in lanes]
+        return runs if len(runs) >= 6 and {x["lane"] for x in runs} == lanes else None
+
+    runs = wait_for(gpu_runs, 60, "six runs of the pool's three lanes", poll_s=0.5)
+    assert all(x["fence"] > 0 for x in runs), "a pool run holds a slot's fence"
+    events = sorted([(x["start"], 1) for x in runs] + [(x["end"], -1) for x in runs])
+    held = most = 0
+    for _, change in events:  # an end sorts before a start at the same instant
+        held += change
+        most = max(most, held)
+    assert most == 2, f"the pool has 2 slots; at most {most} runs at once: {runs}"
+    heavy = [e for e in journal(r) if e["lane"] == "e2e.long" and e["ev"] == "start"]
+    assert heavy, "the default pool's heavy lane runs beside the pool"
+
+    base = f"http://127.0.0.1:{deployment.flower_port}"
+
+    def gpu_workers() -> set[str] | None:
+        status, body = http(f"{base}/api/tasks?limit=500", FLOWER_AUTH)
+        assert status == 200, status
+        seen = {t["worker"] for t in json.loads(body).values()
+                if t.get("name") in lanes and t.get("worker")}
+        return seen or None
+
+    seen = wait_for(gpu_workers, 30, "Flower to show the pool lanes' worker", poll_s=1)
+    assert all(w.startswith("gpu@") for w in seen), seen
 
 
 def test_flower_api_answers_with_the_password_and_refuses_without(
@@ -496,14 +540,16 @@ def test_killing_the_lease_holders_container_moves_the_lease_within_its_ttl(
     # The killed run never ended; no two heavy runs overlapped (the killed one ends at the
     # kill), in the journal and in the lanes' own run records.
     entries = journal(r)
-    assert not [e for e in entries if e["ev"] == "end" and e["fence"] == held["fence"]]
+    assert not [e for e in entries if e["ev"] == "end" and e["fence"] == held["fence"]
+                and e["lane"] in LEASE_LANES]
     assert_no_overlap(heavy_intervals(entries, {held["fence"]: killed_at}))
     records = sorted((x["start"], x["end"], x["fence"]) for x in
                      map(json.loads, r.lrange(f"{PREFIX}:e2e:runs", 0, -1))
                      if x["lane"] == "e2e.long")
     assert_no_overlap(records)
     # The successor's run goes on to its end under the new fence.
-    wait_for(lambda: any(e["ev"] == "end" and e["fence"] == new["fence"] for e in journal(r)),
+    wait_for(lambda: any(e["ev"] == "end" and e["fence"] == new["fence"]
+                         and e["lane"] in LEASE_LANES for e in journal(r)),
              30, "the successor's run to end", poll_s=0.2)
     assert_no_overlap(heavy_intervals(journal(r), {held["fence"]: killed_at}))
 
