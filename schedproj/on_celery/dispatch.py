@@ -102,6 +102,9 @@ class Dispatcher:
         self.before_send(plan)
         _log_deferrals(plan.new_deferrals, plan.decision)
         _log_misses(plan.misses)
+        # The messages first: the counters are bookkeeping, and every hand-off with lanes
+        # waiting defers them, so counting first put a round trip on the hand-off's path.
+        self._send_all(plan, snap, grants)
         counts = Counter(counter_field(CounterKind.DEFERRALS, d.reason.value)
                          for d in plan.new_deferrals)
         for miss in plan.misses:
@@ -111,7 +114,6 @@ class Dispatcher:
         except redis.ResponseError as exc:  # counters of the wrong type: dispatch goes on
             self._say_refused("deferral counters", exc, "the deferral counters are not "
                               f"kept; delete {self.rt.keys.counters} (`redis-cli DEL` it)")
-        self._send_all(plan, snap, grants)
         later = [look for look in looks.values() if look > plan.now]
         if snap.next_look is not None:
             later.append(snap.next_look)

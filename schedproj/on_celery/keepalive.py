@@ -39,43 +39,63 @@ class LeaseRenewer(threading.Thread):
         #: What it renews: the run's slot leases, or (None) the heavy lease.
         self.lease = lease
         self.stopped = threading.Event()
+        #: Held for each renewal and what follows from its answer: the run's end takes it
+        #: after setting ``stopped``, so it waits for a renewal in progress (its answer lands
+        #: before the outcome, never after it) and not for the thread to wake and exit.
+        self.busy = threading.Lock()
         self._bad_pressure: str | None = None
+        self._last_ok = 0.0
         ctx.on_pressure_yield = self.record_pressure_yield
+
+    def finish(self, timeout_s: float) -> None:
+        """Stop renewing: no renewal starts after this returns, and one in progress has
+        landed (or ``timeout_s`` passed, as a join's would)."""
+        self.stopped.set()
+        if self.busy.acquire(timeout=timeout_s):
+            self.busy.release()
 
     def run(self) -> None:
         s = self.rt.settings
         self.ctx.lease_ttl_s, self.ctx.renewed_at = s.lease_ttl_s, time.monotonic()
         lease = self.lease or getattr(self.rt, "renewal", None) or self.rt.lease
-        last_ok = time.monotonic()
+        self._last_ok = time.monotonic()
         while not self.stopped.wait(s.lease_ttl_s / 3):
-            sent = time.monotonic()
-            try:
-                reply = lease.renew(self.token, s.lease_ttl_s, time.time(), s.max_hold_s,
-                                    reassert=self.ctx.lease)
-                ok, reason = reply
-            except Exception as exc:
-                # Redis unreachable: the server counts the TTL from the last renewal that
-                # landed, so give up a third of a TTL before it can expire there - measured
-                # now, after the call, which may have blocked for its socket timeout. An
-                # outcome the design expects: one line, no traceback.
-                ok, reason = False, "redis-unreachable"
-                log_failure(logger, exc, "lane %s: cannot renew the heavy lease", self.ctx.lane)
-                if time.monotonic() - last_ok < s.lease_ttl_s * 2 / 3:
-                    continue
-            if ok:
-                last_ok = self.ctx.renewed_at = sent
-                self.learn(reply.pressure)
-                self.heed_operator(lease)
-                if reason == "reasserted":
-                    logger.warning("lane %s: the heavy lease had vanished (Redis lost state); "
-                                   "re-asserted it (fence %d)", self.ctx.lane, self.ctx.fence)
-                continue
-            # The lease's own word on why it is gone outranks any reason noted before.
-            self.ctx.lost_reason = reason
-            self.ctx.lost.set()
-            logger.error("lane %s: heavy lease lost (%s); yielding at the next checkpoint",
-                         self.ctx.lane, reason)
-            return
+            with self.busy:
+                if self.stopped.is_set() or not self._renew_once(lease):
+                    return
+
+    def _renew_once(self, lease: HeavyLease | SlotGroup) -> bool:
+        """One renewal and what follows from its answer; False once the lease is lost (the
+        thread ends)."""
+        s = self.rt.settings
+        sent = time.monotonic()
+        try:
+            reply = lease.renew(self.token, s.lease_ttl_s, time.time(), s.max_hold_s,
+                                reassert=self.ctx.lease)
+            ok, reason = reply
+        except Exception as exc:
+            # Redis unreachable: the server counts the TTL from the last renewal that
+            # landed, so give up a third of a TTL before it can expire there - measured
+            # now, after the call, which may have blocked for its socket timeout. An
+            # outcome the design expects: one line, no traceback.
+            ok, reason = False, "redis-unreachable"
+            log_failure(logger, exc, "lane %s: cannot renew the heavy lease", self.ctx.lane)
+            if time.monotonic() - self._last_ok < s.lease_ttl_s * 2 / 3:
+                return True
+        if ok:
+            self._last_ok = self.ctx.renewed_at = sent
+            self.learn(reply.pressure)
+            self.heed_operator(lease)
+            if reason == "reasserted":
+                logger.warning("lane %s: the heavy lease had vanished (Redis lost state); "
+                               "re-asserted it (fence %d)", self.ctx.lane, self.ctx.fence)
+            return True
+        # The lease's own word on why it is gone outranks any reason noted before.
+        self.ctx.lost_reason = reason
+        self.ctx.lost.set()
+        logger.error("lane %s: heavy lease lost (%s); yielding at the next checkpoint",
+                     self.ctx.lane, reason)
+        return False
 
     def heed_operator(self, lease: HeavyLease | SlotGroup) -> None:
         """Yield at the next checkpoint when an operator asked this run to stop
@@ -133,6 +153,12 @@ class RunHeartbeat(threading.Thread):
         super().__init__(name=f"schedproj-heartbeat-{ctx.lane}", daemon=True)
         self.rt, self.ctx = rt, ctx
         self.stopped = threading.Event()
+
+    def finish(self, timeout_s: float) -> None:
+        """Stop refreshing; a refresh in progress lands first (a light run's end is not on
+        the heavy hand-off's path: joined)."""
+        self.stopped.set()
+        self.join(timeout=timeout_s)
 
     def run(self) -> None:
         ttl = self.rt.settings.lease_ttl_s

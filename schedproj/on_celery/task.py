@@ -14,18 +14,19 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 from billiard.exceptions import WorkerLostError
 from celery import Task
 from celery.exceptions import TimeLimitExceeded
 
-from schedproj.core import lifecycle
+from schedproj.core import defaults, lifecycle
 from schedproj.core.dueindex import due_at
 from schedproj.core.errors import LeaseLost, StateError
 from schedproj.core.families import FamilyError, LaneFamily, check_key, member_lane
 from schedproj.core.lanes import Lane, LaneKind
-from schedproj.core.records import LaneState, LeaseView, Outcome, RunRecord
+from schedproj.core.records import LaneState, LeaseView, Outcome, RunRecord, encode
 
 # Imported for its worker_ready hook: a restarted worker frees its dead predecessor's lease.
 from schedproj.on_celery import recovery
@@ -35,8 +36,9 @@ from schedproj.on_celery.messages import LEASE_KWARG, Dispatch, pop_dispatch, sl
 from schedproj.on_celery.run_context import RunContext, current, current_run, member
 from schedproj.on_celery.run_records import CONTENDED, swap_run
 from schedproj.on_celery.runtime import Runtime, runtime_for
-from schedproj.store.lease import Holder, SlotGroup
-from schedproj.store.protocol import CounterKind, counter_field
+from schedproj.store.lane_store import audit_entry
+from schedproj.store.lease import Holder, RunMark, SlotGroup, StartReply
+from schedproj.store.protocol import CounterKind, counter_field, run_field
 
 logger = logging.getLogger(__name__)
 
@@ -168,18 +170,62 @@ class LaneTask(Task):  # type: ignore[misc]
             return self._skip(rt, task_id, "stale-lease:no-slots")
         slots = (rt.slot_group(dispatch.pool, dispatch.slots) if dispatch.pool is not None
                  else None)
-        ok, value = (slots or rt.lease).start(
-            token, rt.settings.lease_ttl_s, now, beat_fence=dispatch.beat_fence,
-            holder=self._holder(), lane=self.lane_name, task_id=task_id)
-        if not ok:
-            return self._skip(rt, task_id, f"stale-lease:{value}")
-        ctx = RunContext(lane=self.lane_name, task_id=task_id, started_at=now,
-                         hold_cap_s=rt.settings.hold_cap_s, fence=int(value),
+        lane, holder = self.lane_name, self._holder()
+        if slots is not None:
+            ok, value = slots.start(token, rt.settings.lease_ttl_s, now,
+                                    beat_fence=dispatch.beat_fence, holder=holder, lane=lane,
+                                    task_id=task_id)
+            started = StartReply(ok, value)
+            expected: tuple[str, RunRecord] | None = None
+        else:
+            # The lease started and the run record marked running in one round trip: by
+            # compare and set on the record this process last wrote (its previous run's end),
+            # else the record as stored comes back for the compare and set below.
+            mark, expected = self._start_mark(rt, lane, task_id, now, dispatch)
+            started = rt.lease.start_marked(token, rt.settings.lease_ttl_s, now,
+                                            beat_fence=dispatch.beat_fence, holder=holder,
+                                            lane=lane, task_id=task_id, mark=mark)
+        if not started.ok:
+            return self._skip(rt, task_id, f"stale-lease:{started.value}")
+        ctx = RunContext(lane=lane, task_id=task_id, started_at=now,
+                         hold_cap_s=rt.settings.hold_cap_s, fence=int(started.value),
                          beat_fence=dispatch.beat_fence, slots=slots)
         ctx.lease = LeaseView(lane=ctx.lane, token=token, fence=ctx.fence, granted_at=now,
-                              started_at=now, task_id=task_id, host=self._holder().host,
-                              pid=os.getpid(), node=self._holder().node)
-        return self._run(rt, ctx, self._mark_running(rt, ctx), token, args, kwargs)
+                              started_at=now, task_id=task_id, host=holder.host,
+                              pid=os.getpid(), node=holder.node)
+        if started.marked and expected is not None:
+            return self._run(rt, ctx, expected[1], token, args, kwargs,
+                             journaled=started.journaled)
+        _written_runs.pop((rt.keys.lanes, lane), None)
+        before, journaled = self._mark_running(
+            rt, ctx, first=None if slots is not None else (started.stored,))
+        return self._run(rt, ctx, before, token, args, kwargs, journaled=journaled)
+
+    def _start_mark(self, rt: Runtime, lane: str, task_id: str, now: float,
+                    dispatch: Dispatch) -> tuple[RunMark, tuple[str, RunRecord] | None]:
+        """What the lease start writes of the run record (``HeavyLease.start_marked``): the
+        record marked running, computed from the one this process last wrote for the lane
+        (and the journal's 'start' entry, when the journal lives on the same Redis), or, when
+        it knows none, a read of the stored one. Also that expected record (raw, decoded)."""
+        keys, store = rt.keys, rt.store
+        known = _written_runs.get((keys.lanes, lane))
+        record, entry = "", ""
+        if known is not None:
+            fence = dispatch.lease_fence
+            new = _heavy_started(known[1], task_id=task_id, now=now, fence=fence,
+                                 until=_running_until(rt, now))
+            if isinstance(new, str):
+                known = None  # fenced out: said by the compare and set's path
+            else:
+                record = encode(new)
+                if store.audit_client is store.client:
+                    entry = audit_entry(_journal_entry(lane, task_id, fence, "start",
+                                                       beat_fence=dispatch.beat_fence))
+        return RunMark(lanes=keys.lanes, changed=keys.changed, field=run_field(lane),
+                       expected=known[0] if known is not None else None, record=record,
+                       lane=lane, fence=dispatch.lease_fence,
+                       journal=keys.journal if entry else "", entry=entry,
+                       journal_len=defaults.AUDIT_LOG_LEN), known
 
     def _run_light(self, rt: Runtime, task_id: str, dispatch: Dispatch | None, args: Any,
                    kwargs: Any) -> Any:
@@ -235,11 +281,9 @@ class LaneTask(Task):  # type: ignore[misc]
         return {"outcome": Outcome.SKIPPED.value, "reason": reason}
 
     def _run(self, rt: Runtime, ctx: RunContext, before: RunRecord | None, token: str,
-             args: Any, kwargs: Any) -> Any:
-        # A pool run names its pool and slots: the status page draws it on their rows.
-        where = {} if ctx.slots is None else {"pool": ctx.slots.pool,
-                                              "slots": list(ctx.slots.slots)}
-        self._journal(rt, ctx, "start", beat_fence=ctx.beat_fence, **where)
+             args: Any, kwargs: Any, *, journaled: bool = False) -> Any:
+        if not journaled:  # (a heavy run's start journals with its record's write)
+            self._journal(rt, ctx, "start", **self._start_extra(ctx))
         renewer: LeaseRenewer | RunHeartbeat | None = None
         if token:
             renewer = LeaseRenewer(rt, token, ctx, lease=None if ctx.slots is None else
@@ -264,9 +308,7 @@ class LaneTask(Task):  # type: ignore[misc]
         finally:
             current.reset(reset)
             if renewer is not None:
-                renewer.stopped.set()
-                # Let a refresh in progress land before the outcome, never after it.
-                renewer.join(timeout=rt.settings.lease_ttl_s)
+                renewer.finish(rt.settings.lease_ttl_s)
             if outcome is Outcome.COMPLETED and ctx.yield_seen and (ctx.backlog or 0) > 0:
                 outcome, reason = Outcome.YIELDED, ctx.lost_reason or "hold-cap"
             self._record(rt, ctx, before, outcome, reason, token)
@@ -285,33 +327,39 @@ class LaneTask(Task):  # type: ignore[misc]
     def _journal(self, rt: Runtime, ctx: RunContext, event: str, **extra: Any) -> None:
         """Starts and ends with their fence, kept in Redis past this process (the audit)."""
         try:
-            rt.store.log(rt.keys.journal, {"ev": event, "lane": ctx.lane, "task": ctx.task_id,
-                                           "fence": ctx.fence, "t": time.time(),
-                                           "pid": os.getpid(), **extra})
+            rt.store.log(rt.keys.journal, _journal_entry(ctx.lane, ctx.task_id, ctx.fence,
+                                                         event, **extra))
         except Exception as exc:
             log_failure(logger, exc, "lane %s: could not journal %s", ctx.lane, event)
 
-    def _mark_running(self, rt: Runtime, ctx: RunContext) -> RunRecord | None:
-        """Record that the heavy run started; None if the stored record is unreadable (then it
-        is left untouched, and the outcome is logged instead of recorded)."""
-        s = rt.settings
-        # A heavy run is in flight while its lease lives (and its time limit runs).
-        until = ctx.started_at + s.lease_ttl_s + s.heavy_time_limit_s
+    @staticmethod
+    def _start_extra(ctx: RunContext) -> dict[str, Any]:
+        """The journal's 'start' entry beyond the common fields: the beat fence, and a pool
+        run's pool and slots (the status page draws it on their rows)."""
+        where = {} if ctx.slots is None else {"pool": ctx.slots.pool,
+                                              "slots": list(ctx.slots.slots)}
+        return {"beat_fence": ctx.beat_fence, **where}
+
+    def _mark_running(self, rt: Runtime, ctx: RunContext,
+                      first: tuple[str | None] | None = None) -> tuple[RunRecord | None, bool]:
+        """Record that the heavy run started, journaling its start with the first compare
+        and set; ``first``: the record as stored, read with the lease start. Returns the
+        record before (None if the stored record is unreadable: then it is left untouched,
+        and the outcome is logged instead of recorded) and whether the start was journaled."""
+        until = _running_until(rt, ctx.started_at)
 
         def start(before: RunRecord) -> RunRecord | str:
-            # Compare and set, never a blind write: a holder paused between its start and
-            # this write must not overwrite the mark of a newer run (a higher fence) that
-            # started since.
-            if before.fence > ctx.fence:
-                return "fenced-out"
-            return lifecycle.started(before, task_id=ctx.task_id, now=ctx.started_at,
-                                     running_until=until, fence=ctx.fence)
+            return _heavy_started(before, task_id=ctx.task_id, now=ctx.started_at,
+                                  until=until, fence=ctx.fence)
+        journal = (rt.keys.journal, _journal_entry(ctx.lane, ctx.task_id, ctx.fence, "start",
+                                                   **self._start_extra(ctx)))
         try:
-            swap = swap_run(rt.store, ctx.lane, start, tries=5)
+            swap = swap_run(rt.store, ctx.lane, start, tries=5, first=first, journal=journal,
+                            journal_failed=_journal_failed(ctx.lane, "start"))
         except StateError:
             logger.exception("lane %s: run record unreadable; running without recording",
                              ctx.lane)
-            return None
+            return None, False
         if swap.reason == "fenced-out":
             ctx.flag_lost("fenced-out")
             logger.error("lane %s: a newer run (fence %d > %d) owns the record; this run "
@@ -319,7 +367,7 @@ class LaneTask(Task):  # type: ignore[misc]
                          swap.before.fence, ctx.fence)
         elif not swap.written:
             logger.error("lane %s: run record contended; running without marking it", ctx.lane)
-        return swap.before
+        return swap.before, swap.journaled
 
     def _record(self, rt: Runtime, ctx: RunContext, before: RunRecord | None,
                 outcome: Outcome, reason: str | None, token: str) -> None:
@@ -328,24 +376,40 @@ class LaneTask(Task):  # type: ignore[misc]
         record = lifecycle.finished(before, task_id=ctx.task_id, outcome=outcome, reason=reason,
                                     backlog=ctx.backlog or 0, now=time.time(), fence=ctx.fence)
         fence = record.fence
-        self._journal(rt, ctx, "end", outcome=outcome.value,
-                      lost=(ctx.lost.is_set() and ctx.lost_reason) or None)
+        end = {"outcome": outcome.value, "lost": (ctx.lost.is_set() and ctx.lost_reason) or None}
         # A run in a pool beyond the default ends under its first slot's store: that slot is
-        # released with the record (atomically, waking beat), the others just before.
-        store = rt.store
+        # released with the record (atomically, waking beat), the others just before - after
+        # its end is journaled. A run of the heavy lease journals its end with the release,
+        # just before it, in one round trip.
+        store, journal = rt.store, None
         if ctx.slots is not None:
+            self._journal(rt, ctx, "end", **end)
             store = rt.slot_store(ctx.slots.keys)
             if token:
                 _release_extra(ctx.slots, token, ctx.lane)
+        else:
+            journal = (rt.keys.journal, _journal_entry(ctx.lane, ctx.task_id, ctx.fence, "end",
+                                                       **end))
+        raw = encode(record)
+        remembered = (rt.keys.lanes, ctx.lane)
+        _written_runs.pop(remembered, None)
         try:
             released, written = store.finish(ctx.lane, record, token=token, fence=fence,
                                                 wake_message=f"{ctx.lane}:{outcome.value}",
                                                 write=writable, due_at=self._due_at(record),
-                                                member=self.family_name is not None)
+                                                member=self.family_name is not None,
+                                                encoded=raw, journal=journal,
+                                                journal_failed=_journal_failed(ctx.lane, "end"))
         except Exception as exc:
             log_failure(logger, exc, "lane %s: could not record outcome %s; the lease (if "
                         "any) expires on its own", ctx.lane, outcome.value, level=logging.ERROR)
             return
+        if written == 1 and token and ctx.slots is None:
+            # Written as given (a heavy run's record is never merged): the next start of the
+            # lane in this process expects it.
+            if len(_written_runs) >= WRITTEN_RUNS_MAX:
+                _written_runs.clear()
+            _written_runs[remembered] = (raw, record)
         if token and not released:
             logger.error("lane %s: the lease was no longer ours at the end of the run",
                          ctx.lane)
@@ -358,6 +422,47 @@ class LaneTask(Task):  # type: ignore[misc]
         if outcome is Outcome.YIELDED:
             rt.store.count(counter_field(CounterKind.YIELDS, ctx.lane))
         logger.info("lane %s: %s (backlog %s)", ctx.lane, outcome.value, record.backlog)
+
+
+#: The run record this process last wrote at the end of a heavy run, per (lanes hash, lane):
+#: the record its next start of the lane expects to find (a compare and set, so a record
+#: written by anyone else since only costs that start a second round trip).
+_written_runs: dict[tuple[str, str], tuple[str, RunRecord]] = {}
+
+#: Most records remembered (all forgotten past it: a worker serving a large family).
+WRITTEN_RUNS_MAX = 4096
+
+
+def _running_until(rt: Runtime, started_at: float) -> float:
+    """Until when a heavy run started at ``started_at`` counts as running: while its lease
+    lives (and its time limit runs)."""
+    s = rt.settings
+    return started_at + s.lease_ttl_s + s.heavy_time_limit_s
+
+
+def _heavy_started(before: RunRecord, *, task_id: str, now: float, until: float,
+                   fence: int) -> RunRecord | str:
+    """The record once heavy run ``task_id`` under ``fence`` started, or ``fenced-out``.
+    Written by compare and set, never blindly: a holder paused between its start and this
+    write must not overwrite the mark of a newer run (a higher fence) that started since."""
+    if before.fence > fence:
+        return "fenced-out"
+    return lifecycle.started(before, task_id=task_id, now=now, running_until=until,
+                             fence=fence)
+
+
+def _journal_failed(lane: str, event: str) -> Callable[[BaseException], None]:
+    """What a journal entry that could not be appended does: say so (the run goes on)."""
+    def failed(exc: BaseException) -> None:
+        log_failure(logger, exc, "lane %s: could not journal %s", lane, event)
+    return failed
+
+
+def _journal_entry(lane: str, task_id: str, fence: int, event: str,
+                   **extra: Any) -> dict[str, Any]:
+    """A journal entry: a run's start or end with its fence, for the audit."""
+    return {"ev": event, "lane": lane, "task": task_id, "fence": fence, "t": time.time(),
+            "pid": os.getpid(), **extra}
 
 
 def _release_extra(slots: SlotGroup, token: str, lane: str) -> None:

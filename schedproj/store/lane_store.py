@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -146,6 +146,11 @@ def parse_states(raw: Mapping[str, str], hash_key: str,
     return states, errors
 
 
+def audit_entry(entry: Mapping[str, Any]) -> str:
+    """An entry of an audit list (the journal, the dispatch log) as stored."""
+    return json.dumps(entry, separators=(",", ":"))
+
+
 class LaneStore:
     """Reads and writes lane state, the wake list and scheduling errors."""
 
@@ -173,6 +178,47 @@ class LaneStore:
         self._lua_gc = scripts.register(client, "lua_gc")
         #: The epoch id the last read returned (``EpochStatus.known_id`` of the next).
         self._epoch_id = ""
+        #: A wait was woken: the next tick's read empties the wake list first (same round trip).
+        self._wake_pending = False
+
+    def _pipelined(self, script: Any, keys: Sequence[str], args: Sequence[Any], *,
+                   before: Sequence[tuple[Any, ...]] = (),
+                   after: Sequence[tuple[Any, ...]] = (),
+                   client: redis.Redis | None = None) -> list[Any]:
+        """``before``'s commands, ``script`` (EVALSHA) and ``after``'s, in one round trip;
+        every reply, the script's after ``before``'s. A script the server does not know yet
+        (first use, a restart) is loaded and run again alone: the other commands ran once
+        already and are not repeated. An error of any command is raised."""
+        client = client or self.client
+        pipe = client.pipeline(transaction=False)
+        for command in before:
+            pipe.execute_command(*command)  # type: ignore[no-untyped-call]
+        # EVALSHA as a plain command: a pipeline holding a registered Script first sends its
+        # own SCRIPT EXISTS (a second round trip), and redis-py's cluster pipeline blocks its
+        # evalsha method, not the command.
+        pipe.execute_command(  # type: ignore[no-untyped-call]
+            "EVALSHA", script.sha, len(keys), *keys, *args)
+        for command in after:
+            pipe.execute_command(*command)  # type: ignore[no-untyped-call]
+        replies = pipe.execute(raise_on_error=False)
+        at = len(before)
+        if isinstance(replies[at], redis.exceptions.NoScriptError):
+            replies[at] = script(keys=list(keys), args=list(args), client=client)
+        if isinstance(replies[at], Exception):
+            raise replies[at]
+        return list(replies)
+
+    @staticmethod
+    def _appended(replies: Sequence[Any], key: str,
+                  failed: Callable[[BaseException], None] | None) -> None:
+        """The audit list's replies of a pipeline: a refusal goes to ``failed`` (the caller
+        says it), else is raised - never instead of the script's answer, which stands."""
+        for reply in replies:
+            if isinstance(reply, Exception):
+                if failed is None:
+                    raise reply
+                failed(reply)
+                return
 
     def snapshot(self, beat_token: str, lock_ttl_s: float,
                  quarantine_s: float = 0.0) -> Snapshot:
@@ -232,8 +278,17 @@ class LaneStore:
                 EPOCH_VERSION, "-inf" if cursor is None else repr(cursor), repr(now),
                 STAMP_MEMBER, *always]
         # One script call: tick.lua renews the lock, checks the epoch and reads (redis-py's
-        # Script loads it on a NoScriptError and retries).
-        lock_reply, epoch_reply, read = self._tick(keys=keys, args=args)
+        # Script loads it on a NoScriptError and retries). After a wake, the wake list is
+        # emptied in the same round trip, before the read: a run that ends after the DEL
+        # wakes the next wait, and one that ended before it is in this read.
+        if self._wake_pending:
+            self._wake_pending = False
+            deleted, (lock_reply, epoch_reply, read) = self._pipelined(
+                self._tick, keys, args, before=[("DEL", k.wake)])
+            if isinstance(deleted, Exception):
+                raise deleted  # a wake list of the wrong type: beat says which key
+        else:
+            lock_reply, epoch_reply, read = self._tick(keys=keys, args=args)
         epoch = self._epoch_status(epoch_reply)
         ok, value, event = lock_reply
         lock = (LockStatus(held=True, fence=int(value), event=str(event)) if int(ok) == 1
@@ -430,23 +485,53 @@ class LaneStore:
         if raw is None:
             return None, RunRecord()
         text = raw if isinstance(raw, str) else raw.decode()
-        return text, decode(RunRecord, text, f"{self.keys.lanes} field {run_field(lane)!r}")
+        return text, self.parse_run(lane, text)
+
+    def parse_run(self, lane: str, raw: str | None) -> RunRecord:
+        """``lane``'s run record as read from the lanes hash (None: absent, a new record);
+        a :class:`StateError` naming the field when unreadable."""
+        if raw is None:
+            return RunRecord()
+        return decode(RunRecord, raw, f"{self.keys.lanes} field {run_field(lane)!r}")
 
     def cas_run(self, lane: str, expected: str | None, record: RunRecord, *,
                 dispatch: tuple[str, int] | None = None,
-                mark_ttl_s: float | None = None) -> tuple[bool, str]:
+                mark_ttl_s: float | None = None,
+                journal: tuple[str, Mapping[str, Any]] | None = None,
+                journal_failed: Callable[[BaseException], None] | None = None,
+                ) -> tuple[bool, str]:
         """Write ``record`` if the stored one is still ``expected`` (None: absent). With
         ``dispatch`` (task id, beat fence) also only if that message is its lane's current
         dispatch from the current beat. With ``mark_ttl_s`` the record's ``running_until``
-        is set to Redis's clock plus that TTL. Returns (written, reason refused)."""
+        is set to Redis's clock plus that TTL. With ``journal`` (key, entry) the entry is
+        appended after the write, whatever its answer (one round trip when the audit lists
+        live on this Redis); its failure goes to ``journal_failed`` (else raised). Returns
+        (written, reason refused)."""
         task_id, beat_fence = dispatch if dispatch is not None else ("", None)
-        code, reason = self._cas(
-            keys=[self.keys.lanes, self.keys.beat_fence, self.keys.changed, self.keys.epoch],
-            args=[run_field(lane), expected or "", encode(record),
-                  sched_field(lane) if dispatch is not None else "", task_id,
-                  "" if beat_fence is None else str(beat_fence), lane,
-                  "" if mark_ttl_s is None else str(int(mark_ttl_s * 1000))])
+        keys = [self.keys.lanes, self.keys.beat_fence, self.keys.changed, self.keys.epoch]
+        args = [run_field(lane), expected or "", encode(record),
+                sched_field(lane) if dispatch is not None else "", task_id,
+                "" if beat_fence is None else str(beat_fence), lane,
+                "" if mark_ttl_s is None else str(int(mark_ttl_s * 1000))]
+        if journal is not None and self.audit_client is self.client:
+            # The entry after the write, as when journaled apart, in the same round trip.
+            (code, reason), *appended = self._pipelined(self._cas, keys, args,
+                                                        after=self._log_commands(*journal))
+            self._appended(appended, journal[0], journal_failed)
+        else:
+            code, reason = self._cas(keys=keys, args=args)
+            if journal is not None:
+                self._log_apart(journal, journal_failed)
         return int(code) == 1, str(reason)
+
+    def _log_apart(self, journal: tuple[str, Mapping[str, Any]],
+                   failed: Callable[[BaseException], None] | None) -> None:
+        try:
+            self.log(*journal)
+        except Exception as exc:
+            if failed is None:
+                raise
+            failed(exc)
 
     def mark_lost(self, lane: str, expected: str, record: RunRecord, *, task_id: str,
                   heavy: bool, leases: Sequence[str] = ()) -> bool:
@@ -490,18 +575,33 @@ class LaneStore:
 
     def finish(self, lane: str, record: RunRecord, *, token: str, fence: int,
                wake_message: str, write: bool = True, due_at: float | None = None,
-               member: bool = False) -> tuple[bool, int]:
+               member: bool = False, encoded: str | None = None,
+               journal: tuple[str, Mapping[str, Any]] | None = None,
+               journal_failed: Callable[[BaseException], None] | None = None,
+               ) -> tuple[bool, int]:
         """Record the outcome (unless ``write`` is False: the stored record is unreadable and
         must stay untouched), move the lane's due time in the due index to ``due_at``,
-        release the lease (if ``token``), mark the lane changed and wake beat. Atomic."""
-        released, written = self._finish(
-            keys=[self.keys.lease, self.keys.lanes, self.keys.wake, self.keys.due,
-                  self.keys.changed, self.keys.due_stamp],
-            args=[token, run_field(lane), encode(record), fence, wake_message,
-                  "1" if write else "0", STATE_VERSION, WAKE_LIST_MAX,
-                  "" if due_at is None else repr(float(due_at)), lane,
-                  "1" if member else "0", STAMP_MEMBER],
-        )
+        release the lease (if ``token``), mark the lane changed and wake beat. Atomic.
+        ``encoded``: the record already encoded. With ``journal`` (key, entry) the entry is
+        appended first: in the same round trip when the audit lists live on this Redis; its
+        failure goes to ``journal_failed`` (else raised), the outcome recorded all the same."""
+        keys = [self.keys.lease, self.keys.lanes, self.keys.wake, self.keys.due,
+                self.keys.changed, self.keys.due_stamp]
+        args = [token, run_field(lane), encoded if encoded is not None else encode(record),
+                fence, wake_message, "1" if write else "0", STATE_VERSION, WAKE_LIST_MAX,
+                "" if due_at is None else repr(float(due_at)), lane,
+                "1" if member else "0", STAMP_MEMBER]
+        if journal is not None and self.audit_client is self.client:
+            # Journaled before the release, as when journaled apart: the audit never sees the
+            # next holder's start before this run's end.
+            commands = self._log_commands(*journal)
+            replies = self._pipelined(self._finish, keys, args, before=commands)
+            released, written = replies[len(commands)]
+            self._appended(replies[:len(commands)], journal[0], journal_failed)
+        else:
+            if journal is not None:
+                self._log_apart(journal, journal_failed)
+            released, written = self._finish(keys=keys, args=args)
         return int(released) == 1, int(written)
 
     def mark_skipped(self, lane: str, reason: str, *, wake_message: str,
@@ -528,8 +628,10 @@ class LaneStore:
         limit = socket_timeout_of(self.client) or 10.0
         woke = self.client.blpop([self.keys.wake], timeout=min(timeout_s, float(limit) - 1.0))
         if woke is not None:
-            # Several runs may have finished; one tick handles them all.
-            self.client.delete(self.keys.wake)
+            # Several runs may have finished; one tick handles them all: the next tick's read
+            # empties the list in its own round trip (``tick_snapshot``), not one of its own
+            # here, on the hand-off's path.
+            self._wake_pending = True
         return woke is not None
 
     def record_error(self, lane: str, message: str) -> None:
@@ -547,9 +649,15 @@ class LaneStore:
         if not entries:
             return
         pipe = self.audit_client.pipeline(transaction=False)
-        pipe.rpush(key, *(json.dumps(e, separators=(",", ":")) for e in entries))
-        pipe.ltrim(key, -defaults.AUDIT_LOG_LEN, -1)
+        for command in self._log_commands(key, *entries):
+            pipe.execute_command(*command)  # type: ignore[no-untyped-call]
         pipe.execute()
+
+    @staticmethod
+    def _log_commands(key: str, *entries: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        """The commands that append ``entries`` to the bounded audit list ``key``."""
+        return [("RPUSH", key, *(audit_entry(e) for e in entries)),
+                ("LTRIM", key, -defaults.AUDIT_LOG_LEN, -1)]
 
     def count_many(self, amounts: Mapping[str, int]) -> None:
         """Bump several durable counters in one round trip."""

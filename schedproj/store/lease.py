@@ -109,6 +109,41 @@ class OperatorRequest:
         return request
 
 
+@dataclass(frozen=True)
+class RunMark:
+    """The run record a heavy run's start writes with the lease start
+    (:meth:`HeavyLease.start_marked`): ``record`` (encoded, marked running with ``fence``)
+    replaces ``expected`` (None: absent) at ``field`` of the lanes hash ``lanes``, the lane
+    marked in ``changed``; ``entry`` is appended to the audit list ``journal`` ('': not
+    here). ``record`` '' only reads what is stored."""
+
+    lanes: str
+    changed: str
+    field: str
+    expected: str | None
+    record: str
+    lane: str
+    fence: int
+    journal: str = ""
+    entry: str = ""
+    journal_len: int = 0
+
+
+@dataclass(frozen=True)
+class StartReply:
+    """:meth:`HeavyLease.start_marked`'s answer: ``ok`` and the fence (or the reason
+    refused) as :meth:`HeavyLease.start` gives them; ``marked`` when the run record was
+    written (and, ``journaled``, the entry appended), else ``stored``, the record as stored
+    (None: absent)."""
+
+    ok: bool
+    value: int | str
+    marked: bool = False
+    stored: str | None = None
+    #: The journal's entry was appended with the mark.
+    journaled: bool = False
+
+
 #: How long an operator's request is kept: well past any run's hold and any tick.
 REQUEST_TTL_S = 86_400.0
 
@@ -166,6 +201,29 @@ class HeavyLease:
             args=[token, _ms(ttl_s), repr(now), "" if beat_fence is None else str(beat_fence),
                   holder.host, holder.pid, holder.node, lane, task_id])
         return (True, int(value)) if int(code) == 1 else (False, str(value))
+
+    def start_marked(self, token: str, ttl_s: float, now: float, *, beat_fence: int,
+                     holder: Holder, lane: str, task_id: str, mark: RunMark) -> StartReply:
+        """:meth:`start`, and in the same call (``lua/lease_start.lua``) the run record
+        marked running by compare and set (``mark``): a worker's start in one round trip
+        when the record is the one it expected, else what is stored, for its own compare and
+        set."""
+        journal = [mark.journal] if mark.journal else []  # no empty key: a cluster hashes it
+        reply = self._start(
+            keys=[self.keys.lease, self.keys.beat_fence, self.keys.epoch, mark.lanes,
+                  mark.changed, *journal],
+            args=[token, _ms(ttl_s), repr(now), str(beat_fence), holder.host, holder.pid,
+                  holder.node, lane, task_id, mark.field, mark.expected or "",
+                  mark.record, mark.lane, mark.fence, mark.entry, mark.journal_len])
+        if int(reply[0]) != 1:
+            return StartReply(False, str(reply[1]))
+        marked = len(reply) > 2 and str(reply[2]).startswith("marked")
+        journaled = marked and str(reply[2]) == "marked" and bool(mark.journal)
+        stored = reply[3] if len(reply) > 3 else None
+        if isinstance(stored, bytes):
+            stored = stored.decode()
+        return StartReply(True, int(reply[1]), marked=marked, journaled=journaled,
+                          stored=None if stored is None else str(stored))
 
     def renew(self, token: str, ttl_s: float, now: float, max_hold_s: float, *,
               reassert: LeaseView | None = None) -> Renewal:
@@ -356,4 +414,5 @@ def parse_lease(raw: str | None, key: str) -> LeaseView | None:
 
 
 __all__ = ["UNREADABLE_SLOT", "Grant", "HeavyLease", "Holder", "OperatorRequest", "PoolSlots",
-           "Renewal", "SlotGroup", "free_slots", "holders", "parse_lease"]
+           "Renewal", "RunMark", "SlotGroup", "StartReply", "free_slots", "holders",
+           "parse_lease"]

@@ -598,7 +598,8 @@ def test_wait_for_wake_returns_promptly_when_woken(
     pusher.join(timeout=5)
     assert woke is True
     assert 0.2 <= elapsed < 2.0, f"woke after {elapsed:.3f}s"
-    # One tick handles every pending message.
+    # One tick handles every pending message: its read empties the list.
+    store.tick_snapshot(token(), LONG_TTL, 0.0, cursor=None, now=time.time())
     assert client.llen(keys.wake) == 0
 
 
@@ -610,7 +611,29 @@ def test_wait_for_wake_returns_at_once_when_messages_are_pending(
     t0 = time.monotonic()
     assert store.wait_for_wake(10.0) is True
     assert time.monotonic() - t0 < 1.0
+    # Emptied by the next tick's read, in its round trip (not one of the wait's own).
+    assert client.llen(keys.wake) == 1
+    store.tick_snapshot(token(), LONG_TTL, 0.0, cursor=None, now=time.time())
     assert client.llen(keys.wake) == 0
+
+
+def test_a_wake_after_the_ticks_read_is_seen_by_the_next_wait(
+    store: LaneStore, client: redis.Redis, keys: Keys
+) -> None:
+    beat = token()
+    store.wake("a")
+    assert store.wait_for_wake(10.0) is True
+    store.tick_snapshot(beat, LONG_TTL, 0.0, cursor=None, now=time.time())
+    store.wake("b")  # a run ended after the tick's read: the next wait must not sleep
+    t0 = time.monotonic()
+    assert store.wait_for_wake(10.0) is True
+    assert time.monotonic() - t0 < 1.0
+    # A tick without a wake before it leaves the list alone.
+    store.tick_snapshot(beat, LONG_TTL, 0.0, cursor=None, now=time.time())
+    assert client.llen(keys.wake) == 0
+    store.wake("c")
+    store.tick_snapshot(beat, LONG_TTL, 0.0, cursor=None, now=time.time())
+    assert client.llen(keys.wake) == 1
 
 
 def test_wait_for_wake_times_out(store: LaneStore) -> None:

@@ -19,6 +19,21 @@
 -- lease alone: a run that started before the loss may hold it.
 -- Returns {1, fence} or {0, reason} with reason gone | taken | wrong-lane | wrong-task |
 -- already-started | stale-beat | epoch-unknown | server-changed | quarantine | stale-epoch.
+--
+-- Marking the run record in the same call (a worker's start in one round trip, issue 23: 3):
+-- KEYS[4] lanes hash, KEYS[5] changed set, KEYS[6] run journal (absent: journaled by the caller);
+-- ARGV[10] run field, ARGV[11] the record the caller expects there ('' = the field absent),
+-- ARGV[12] the record marked running (computed by the caller from the expected one:
+-- schedproj.core.lifecycle.started, one implementation of the rule), ARGV[13] lane name,
+-- ARGV[14] the fence the caller computed it with, ARGV[15] the journal's 'start' entry,
+-- ARGV[16] the journal's length. Only once started, and only if the stored record is still
+-- exactly the expected one and the grant's fence is the one assumed: then the record is
+-- written (the lane marked changed for beat) and the entry journaled, as run_cas.lua would
+-- (a compare and set). Otherwise nothing more is written and the reply carries what is stored,
+-- for the caller's own compare and set: {1, fence, 'marked'} ('marked-unjournaled' when the
+-- journal refused the entry) or {1, fence, 'changed', raw}
+-- (raw false: absent); ARGV[12] '' only reads it (the caller knows no record to expect).
+-- Without KEYS[4] the reply is {1, fence} as before.
 -- The epoch check lease_acquire.lua makes: nil when state is known intact, else the reason.
 -- include: epoch_refusal
 local current = redis.call('GET', KEYS[1])
@@ -43,4 +58,20 @@ rec.host = ARGV[5]
 rec.pid = tonumber(ARGV[6])
 rec.node = ARGV[7]
 redis.call('SET', KEYS[1], cjson.encode(rec), 'PX', ARGV[2])
-return {1, rec.fence}
+if not KEYS[4] then return {1, rec.fence} end
+-- A lanes hash of the wrong type answers as a changed record: the caller's own compare and
+-- set meets the error and says so, as it did before the two were one call.
+local stored = redis.pcall('HGET', KEYS[4], ARGV[10])
+if type(stored) == 'table' then return {1, rec.fence, 'changed', false} end
+if ARGV[12] == '' or (stored or '') ~= ARGV[11] or rec.fence ~= tonumber(ARGV[14]) then
+  return {1, rec.fence, 'changed', stored}
+end
+redis.call('HSET', KEYS[4], ARGV[10], ARGV[12])
+redis.pcall('SADD', KEYS[5], ARGV[13])  -- a changed set of the wrong type: beat heals it
+if KEYS[6] then
+  -- A journal of the wrong type must not stop the run (journaled apart, its failure logged).
+  local pushed = redis.pcall('RPUSH', KEYS[6], ARGV[15])
+  if type(pushed) == 'table' then return {1, rec.fence, 'marked-unjournaled'} end
+  redis.pcall('LTRIM', KEYS[6], -tonumber(ARGV[16]), -1)
+end
+return {1, rec.fence, 'marked'}
