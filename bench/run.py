@@ -19,14 +19,15 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from bench import handoff, live, plot, report
+from bench import handoff, live, million, plot, report
 from bench.cluster import ROOT
 from bench.stats import ratio
 from schedproj.devtools.embedded import private_redis
 
 SECTIONS = ("handoff", "tick", "light_delay", "throughput", "handoff_scale", "entries", "pools")
-#: Sections run only when named in ``--sections``.
-EXTRA_SECTIONS = ("handoff_breakdown",)
+#: Sections run only when named in ``--sections``: ``million`` is slow (a 1,000,000-lane run
+#: takes most of an hour, celery-redbeat's start-up alone ten minutes).
+EXTRA_SECTIONS = ("handoff_breakdown", "million")
 SCHEDULERS = ("fair", "redbeat", "persistent")
 
 
@@ -293,7 +294,8 @@ def pools_section(url: str, lanes: int, smoke: bool) -> dict[str, Any]:
 
 def run_sections(url: str, sections: list[str], lanes: list[int], smoke: bool,
                  opts: live.LiveOptions, entries: list[int],
-                 pool_lanes: int = 10_000) -> dict[str, Any]:
+                 pool_lanes: int = 10_000, million_lanes: int = 1_000_000,
+                 million_due: int = 10_000) -> dict[str, Any]:
     steps: dict[str, Callable[[], dict[str, Any]]] = {
         "handoff": lambda: live.handoff_section(url, opts),
         "tick": lambda: tick_section(url, lanes, smoke),
@@ -304,6 +306,7 @@ def run_sections(url: str, sections: list[str], lanes: list[int], smoke: bool,
         "entries": lambda: entries_section(url, entries, smoke),
         "handoff_breakdown": lambda: handoff.breakdown_section(url, opts),
         "pools": lambda: pools_section(url, pool_lanes, smoke),
+        "million": lambda: million.section(url, million_lanes, million_due, smoke, run_json),
     }
     out: dict[str, Any] = {}
     for name in sections:
@@ -330,6 +333,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "1000,10000,100000; smoke 1000)")
     parser.add_argument("--pool-lanes", type=int, default=None,
                         help="due heavy lanes in the pools section (default 10000, smoke 100)")
+    parser.add_argument("--million", type=int, default=None,
+                        help="lanes of the million section (default 1000000, smoke 2000; "
+                             "e.g. 100000 while developing)")
+    parser.add_argument("--million-due", type=int, default=None,
+                        help="due lanes of the million section's rank and dispatch (default "
+                             "10000, smoke 100)")
     parser.add_argument("--interval", type=float, default=None,
                         help="beat loop interval in the live scenarios (default 3 s, smoke "
                              "0.5 s): SCHEDPROJ_BEAT_MAX_LOOP_INTERVAL_S")
@@ -366,13 +375,17 @@ def main(argv: list[str] | None = None) -> int:
     with private_redis() as url:
         say(f"private Redis at {url}")
         pool_lanes = args.pool_lanes or (100 if args.smoke else 10_000)
-        results["sections"] = run_sections(url, sections, lanes, args.smoke, opts, entries,
-                                           pool_lanes)
+        results["sections"] = run_sections(
+            url, sections, lanes, args.smoke, opts, entries, pool_lanes,
+            args.million or (2000 if args.smoke else 1_000_000),
+            args.million_due or (100 if args.smoke else 10_000))
     results["elapsed_s"] = round(time.monotonic() - started, 1)
     results["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     if args.plots:
         results["plots"] = [str(p) for p in plot.plot(results, args.plots)]
     text = report.markdown(results)
+    if "million" in results["sections"]:
+        text += "\n" + million.markdown(results["sections"]["million"])
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(results, indent=2) + "\n")
     if args.markdown:
