@@ -159,14 +159,15 @@ def per_event(before: dict[str, float], after: dict[str, float], events: int,
 #: The hand-off's critical path, in order: (key, stamp, where it happens, the stage it ends).
 HANDOFF_PATH = (
     ("body_end", "body_end", "worker child", "run A's body returns"),
-    ("journal_end", "journal", "worker child", "lease renewer stopped and joined, outcome "
-                                               "computed"),
+    ("journal_end", "journal", "worker child", "lease renewer stopped, outcome computed "
+                                               "(journaled apart: before issue 23: 3)"),
     ("journaled_end", "journaled", "worker child", "journal 'end' written (one round trip)"),
-    ("finish_call", "finish_call", "worker child", "the lane's next due time computed"),
-    ("blpop_return", "blpop_return", "beat", "finish (record, release, wake: one Lua call) "
-                                             "to beat's BLPOP returning"),
-    ("tick_start", "tick_start", "beat", "DEL of the wake list (one round trip), Celery's "
-                                         "beat loop back into tick()"),
+    ("finish_call", "finish_call", "worker child", "the lane's next due time computed (and "
+                                                   "the renewer stopped, the outcome)"),
+    ("blpop_return", "blpop_return", "beat", "finish (journal 'end', record, release, wake: "
+                                             "one round trip) to beat's BLPOP returning"),
+    ("tick_start", "tick_start", "beat", "Celery's beat loop back into tick() (the wake "
+                                         "list's DEL: with the tick's read since 23: 3)"),
     ("snapshot", "snapshot", "beat", "the tick's read (one Lua call) and its parse"),
     ("planned", "planned", "beat", "memory, focus, plan_tick"),
     ("granted", "granted", "beat", "the heavy lease granted (one Lua call)"),
@@ -184,9 +185,10 @@ HANDOFF_PATH = (
     ("to_pool", "to_pool", "worker main", "task-received event published"),
     ("prerun", "prerun", "worker child", "the request through the pool's pipe to the child"),
     ("lease_started", "lease_started", "worker child", "lease checked and marked started "
-                                                       "(one Lua call)"),
-    ("marked", "marked", "worker child", "run record marked running (read + compare-and-set: "
-                                         "two round trips)"),
+                                                       "(one Lua call; with the run record "
+                                                       "and the journal when expected)"),
+    ("marked", "marked", "worker child", "run record marked running by its own compare and "
+                                         "set (when the start did not)"),
     ("journal_start", "journal", "worker child", "run context made"),
     ("journaled_start", "journaled", "worker child", "journal 'start' written (one round "
                                                      "trip)"),

@@ -23,8 +23,12 @@ The path of one hand-off, run A ending and run B starting (``bench.handoff`` rea
   as unacknowledged), ``received`` (Celery's ``task_received``), ``to_pool`` (handed to the
   pool);
 * worker, pool child, start of B: ``prerun`` (Celery's ``task_prerun``), ``lease_started``
-  (the lease checked and marked started, one Lua call), ``marked`` (the run record marked
-  running), ``journal`` / ``journaled`` (the journal's 'start' entry), ``body_start``.
+  (the lease checked and marked started, one Lua call: since issue 23: 3 it also marks the
+  run record running and journals the start when the record is the one the process
+  expected), ``marked`` (the run record marked running by its own compare and set, when
+  not), ``journal`` / ``journaled`` (the journal's 'start' entry, when apart), ``body_start``.
+  Since issue 23: 3 the journal's 'end' goes with ``finish`` in one round trip (no
+  ``journal`` stamp there).
 """
 
 from __future__ import annotations
@@ -113,6 +117,7 @@ def install(directory: str) -> None:
     _around(LaneStore, "write_sched", after="recorded")
     _around(HeavyLease, "acquire", after="granted")
     _around(HeavyLease, "start", after="lease_started")
+    _around(HeavyLease, "start_marked", after="lease_started")
     _around(LaneTask, "_mark_running", after="marked")
     _around(FairScheduler, "tick", "tick_start", "tick_end")
     _around(FairScheduler, "send_entry", "send_entry")

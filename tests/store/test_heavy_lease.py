@@ -452,3 +452,101 @@ def test_a_rolled_back_fence_counter_never_hands_out_a_used_fence(
     time.sleep(0.005)  # a failover takes seconds; the server's clock has moved on meanwhile
     second = lease.acquire("dream", token(), LONG_TTL, time.time())
     assert second.granted and second.fence > first.fence
+
+
+# -- the start that marks the run record (issue 23: 3) ----------------------------------------
+
+
+def _mark(keys: Keys, expected: str | None, record: str, fence: int, *,
+          journal: bool = True) -> Any:
+    from schedproj.store.lease import RunMark
+    from schedproj.store.protocol import run_field
+    return RunMark(lanes=keys.lanes, changed=keys.changed, field=run_field(LANE),
+                   expected=expected, record=record, lane=LANE, fence=fence,
+                   journal=keys.journal if journal else "",
+                   entry='{"ev":"start"}' if journal else "", journal_len=5)
+
+
+def _start_marked(lease: HeavyLease, owner: str, mark: Any, *, lane: str = LANE) -> Any:
+    from schedproj.store.lease import NO_HOLDER
+    return lease.start_marked(owner, LONG_TTL, time.time(), beat_fence=_beat_fence(lease),
+                              holder=NO_HOLDER, lane=lane, task_id="", mark=mark)
+
+
+def _beat_fence(lease: HeavyLease) -> int:
+    lease.client.set(lease.keys.beat_fence, "7")
+    return 7
+
+
+def test_start_marks_the_record_it_expected_and_journals_in_the_same_call(
+        lease: HeavyLease, client: redis.Redis, keys: Keys) -> None:
+    from schedproj.store.protocol import run_field
+    client.hset(keys.lanes, run_field(LANE), "old")
+    owner = token()
+    grant = lease.acquire(LANE, owner, LONG_TTL, time.time())
+    reply = _start_marked(lease, owner, _mark(keys, "old", "new", grant.fence))
+    assert (reply.ok, reply.value, reply.marked, reply.journaled) == (True, grant.fence, True,
+                                                                      True)
+    assert client.hget(keys.lanes, run_field(LANE)) == "new"
+    assert client.sismember(keys.changed, LANE)
+    assert client.lrange(keys.journal, 0, -1) == ['{"ev":"start"}']
+
+
+@pytest.mark.parametrize("case", ["other-record", "absent", "read-only", "other-fence"])
+def test_start_leaves_a_record_it_did_not_expect_and_returns_it(
+        lease: HeavyLease, client: redis.Redis, keys: Keys, case: str) -> None:
+    """The lease starts all the same; the caller's own compare and set works on what came
+    back, and journals then (nothing journaled here)."""
+    from schedproj.store.protocol import run_field
+    if case != "absent":
+        client.hset(keys.lanes, run_field(LANE), "stored")
+    owner = token()
+    grant = lease.acquire(LANE, owner, LONG_TTL, time.time())
+    expected, record, fence = {
+        "other-record": ("old", "new", grant.fence), "absent": ("old", "new", grant.fence),
+        "read-only": ("stored", "", grant.fence),
+        "other-fence": ("stored", "new", grant.fence - 1)}[case]
+    reply = _start_marked(lease, owner, _mark(keys, expected, record, fence))
+    assert (reply.ok, reply.value, reply.marked, reply.journaled) == (True, grant.fence, False,
+                                                                      False)
+    assert reply.stored == (None if case == "absent" else "stored")
+    assert client.hget(keys.lanes, run_field(LANE)) == (None if case == "absent" else "stored")
+    assert not client.exists(keys.journal) and not client.exists(keys.changed)
+    view = lease.read()
+    assert view is not None and view.started_at is not None
+
+
+def test_a_refused_start_writes_no_record(lease: HeavyLease, client: redis.Redis,
+                                          keys: Keys) -> None:
+    from schedproj.store.protocol import run_field
+    client.hset(keys.lanes, run_field(LANE), "old")
+    owner = token()
+    grant = lease.acquire(LANE, owner, LONG_TTL, time.time())
+    reply = _start_marked(lease, token(), _mark(keys, "old", "new", grant.fence))
+    assert (reply.ok, reply.value, reply.marked) == (False, "taken", False)
+    reply = _start_marked(lease, owner, _mark(keys, "old", "new", grant.fence), lane="other")
+    assert (reply.ok, reply.value, reply.marked) == (False, "wrong-lane", False)
+    assert client.hget(keys.lanes, run_field(LANE)) == "old"
+    assert not client.exists(keys.journal) and not client.exists(keys.changed)
+
+
+def test_a_journal_of_the_wrong_type_does_not_stop_the_start(
+        lease: HeavyLease, client: redis.Redis, keys: Keys) -> None:
+    from schedproj.store.protocol import run_field
+    client.hset(keys.lanes, run_field(LANE), "old")
+    client.set(keys.journal, "garbage")
+    owner = token()
+    grant = lease.acquire(LANE, owner, LONG_TTL, time.time())
+    reply = _start_marked(lease, owner, _mark(keys, "old", "new", grant.fence))
+    assert (reply.ok, reply.marked, reply.journaled) == (True, True, False)
+    assert client.hget(keys.lanes, run_field(LANE)) == "new"
+
+
+def test_a_lanes_hash_of_the_wrong_type_reads_as_changed(
+        lease: HeavyLease, client: redis.Redis, keys: Keys) -> None:
+    client.set(keys.lanes, "garbage")
+    owner = token()
+    grant = lease.acquire(LANE, owner, LONG_TTL, time.time())
+    reply = _start_marked(lease, owner, _mark(keys, None, "new", grant.fence))
+    assert (reply.ok, reply.marked, reply.stored) == (True, False, None)
+    assert client.get(keys.lanes) == "garbage"
