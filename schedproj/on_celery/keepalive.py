@@ -103,13 +103,12 @@ class LeaseRenewer(threading.Thread):
         if self.ctx.stop_asked:
             return
         try:
-            request = lease.request()
+            request = lease.request(self.ctx.task_id)
         except Exception as exc:
             log_failure(logger, exc, "lane %s: cannot read the operator's requests",
                         self.ctx.lane)
             return
-        if request is not None and request.action == "stop" \
-                and request.task_id == self.ctx.task_id:
+        if request is not None and request.action == "stop":
             self.ctx.ask_to_stop(OPERATOR_STOP)
             logger.warning("lane %s: an operator asked this run to stop (schedproj clear-lease "
                            "--stop); yielding at the next checkpoint", self.ctx.lane)

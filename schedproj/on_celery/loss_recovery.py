@@ -207,27 +207,34 @@ class LossRecovery:
 
     def _cleared(self, lost: LostRun) -> LostRun:
         """``lost`` as an operator's clear of its lease explains it, if one does
-        (:func:`lostruns.cleared`); read only when a heavy run is judged lost (rare)."""
+        (:func:`lostruns.cleared`); read only when a heavy run is judged lost (rare). A pool
+        run's lease is its slots: ``clear-lease --pool P --slot I`` leaves its request on the
+        slot's request key, and a request naming the run on any of its pool's slots counts."""
         if not lost.heavy:
             return lost
+        slots = self._slot_keys(lost.lane, "lease_request")
         try:
-            raw = self.store.client.get(self.keys.lease_request)
+            raws = (self.store.client.mget(slots) if slots
+                    else [self.store.client.get(self.keys.lease_request)])
         except redis.ResponseError:  # a wrong type there is no request: judged as lost
             return lost
-        request = OperatorRequest.decode(None if raw is None else str(raw))
+        requests = [OperatorRequest.decode(None if raw is None else str(raw)) for raw in raws]
+        mine = [r for r in requests if r is not None and r.task_id == lost.task_id]
+        request = mine[0] if mine else next((r for r in requests if r is not None), None)
         if request is None:
             return lost
         return lostruns.cleared(lost, action=request.action, task_id=request.task_id)
 
-    def _slot_keys(self, lane: str) -> list[str]:
-        """The lease keys of every slot of ``lane``'s pool when it is a pool beyond the
-        default (its run is alive while any of them names it); none for the default pool,
-        whose one slot is the heavy lease."""
+    def _slot_keys(self, lane: str, key: str = "lease") -> list[str]:
+        """The lease keys (or another of their keys, by :class:`Keys` attribute) of every
+        slot of ``lane``'s pool when it is a pool beyond the default (its run is alive while
+        any of them names it); none for the default pool, whose one slot is the heavy
+        lease."""
         spec = self.lanes.spec(lane)
         pool = self.lanes.lanes.pools.get(spec.pool) if spec is not None else None
         if pool is None or pool.name == DEFAULT_POOL:
             return []
-        return [self.keys.slot(pool.name, i).lease for i in range(pool.slots)]
+        return [str(getattr(self.keys.slot(pool.name, i), key)) for i in range(pool.slots)]
 
     def _write(self, lost: LostRun, raw: str) -> None:
         """Record the loss (compare and set on ``raw``); said, counted and journaled. A run an

@@ -262,10 +262,14 @@ class HeavyLease:
         """Leave an operator's request for the holder (its renewals read it) and for beat."""
         self.client.set(self.keys.lease_request, request.encode(), px=_ms(REQUEST_TTL_S))
 
-    def request(self) -> OperatorRequest | None:
-        """The operator's last request, if any (garbage reads as none)."""
+    def request(self, task_id: str | None = None) -> OperatorRequest | None:
+        """The operator's last request, if any (garbage reads as none); with ``task_id``, only
+        a request naming that run."""
         raw = self.client.get(self.keys.lease_request)
-        return OperatorRequest.decode(None if raw is None else str(raw))
+        request = OperatorRequest.decode(None if raw is None else str(raw))
+        if request is None or (task_id is not None and request.task_id != task_id):
+            return None
+        return request
 
     def read(self) -> LeaseView | None:
         raw = self.client.get(self.keys.lease)
@@ -344,10 +348,12 @@ class SlotGroup:
         for lease in self.leases[1:]:
             lease.release(token)
 
-    def request(self) -> OperatorRequest | None:
-        """An operator's request to the holder of any of the slots."""
+    def request(self, task_id: str | None = None) -> OperatorRequest | None:
+        """An operator's request to the holder of any of the slots; with ``task_id``, one
+        naming that run. Every slot is asked: a request left for an earlier run on one slot
+        (they last a day) must not hide a request for this run on another."""
         for lease in self.leases:
-            request = lease.request()
+            request = lease.request(task_id)
             if request is not None:
                 return request
         return None

@@ -246,8 +246,6 @@ def test_a_grant_of_another_pool_than_the_lanes_is_refused(key_prefix: str,
 # -- operator verbs on a slot -----------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="beat reads the heavy lease's request key when it judges "
-                   "a pool run: a pool run cleared by an operator is recorded and counted lost")
 @pytest.mark.parametrize("action", ["clear", "terminate"])
 def test_a_pool_run_cleared_by_an_operator_is_recorded_cleared(
         key_prefix: str, gpu_queue: redis.Redis, redis_client: redis.Redis,
@@ -284,8 +282,6 @@ def test_a_pool_run_cleared_by_an_operator_is_recorded_cleared(
     assert record["last_reason"].startswith("cleared: by an operator"), record
 
 
-@pytest.mark.xfail(strict=True, reason="SlotGroup.request returns the first slot's request: a "
-                   "leftover request on slot 0 hides a --stop on slot 1 of a two-slot run")
 def test_a_stop_on_the_second_slot_of_a_two_slot_run_is_heeded(client: redis.Redis,
                                                                keys: Keys) -> None:
     """docs/pools.md: '--stop on either slot stops the run'. Every clear-lease verb leaves its
