@@ -26,6 +26,7 @@ from schedproj.core.dueindex import due_at
 from schedproj.core.errors import LeaseLost, StateError
 from schedproj.core.families import FamilyError, LaneFamily, check_key, member_lane
 from schedproj.core.lanes import Lane, LaneKind
+from schedproj.core.pools import DEFAULT_POOL
 from schedproj.core.records import LaneState, LeaseView, Outcome, RunRecord, encode
 
 # Imported for its worker_ready hook: a restarted worker frees its dead predecessor's lease.
@@ -168,6 +169,12 @@ class LaneTask(Task):  # type: ignore[misc]
         now = time.time()
         if dispatch.pool is not None and not dispatch.slots:
             return self._skip(rt, task_id, "stale-lease:no-slots")
+        if self._pool_mismatch(dispatch):
+            # The grant is for another pool, or fewer slots, than this worker's code declares
+            # the lane to need (a rolling deploy moved it, a mis-declared module): running it
+            # would break the bound of the pool the lane's work really uses. Refused as a
+            # light worker refuses a heavy message; the grant lapses at its start deadline.
+            return self._skip(rt, task_id, "pool-mismatch")
         slots = (rt.slot_group(dispatch.pool, dispatch.slots) if dispatch.pool is not None
                  else None)
         lane, holder = self.lane_name, self._holder()
@@ -226,6 +233,15 @@ class LaneTask(Task):  # type: ignore[misc]
                        lane=lane, fence=dispatch.lease_fence,
                        journal=keys.journal if entry else "", entry=entry,
                        journal_len=defaults.AUDIT_LOG_LEN), known
+
+    def _pool_mismatch(self, dispatch: Dispatch) -> bool:
+        """Whether ``dispatch``'s grant differs from the pool and slot count this worker's
+        declaration of the lane gives (the heavy lease is the default pool's one slot)."""
+        assert self.lane is not None
+        pool = None if self.lane.pool in (None, DEFAULT_POOL) else self.lane.pool
+        if dispatch.pool != pool:
+            return True
+        return pool is not None and len(dispatch.slots) != self.lane.slots
 
     def _run_light(self, rt: Runtime, task_id: str, dispatch: Dispatch | None, args: Any,
                    kwargs: Any) -> Any:

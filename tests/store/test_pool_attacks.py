@@ -191,8 +191,6 @@ def call(app: Celery, task: str, task_id: str, **kwargs: object) -> object:
         lane_task.pop_request()
 
 
-@pytest.mark.xfail(strict=True, reason="a worker runs a pool grant of fewer slots than its "
-                   "lane declares (Lane(slots=2) started on one slot): no slots check")
 def test_a_two_slot_lane_never_runs_on_one_slot(key_prefix: str,
                                                 redis_client: redis.Redis) -> None:
     """Rolling deploy: the old beat declares t.train with 1 slot and grants it one; the new
@@ -218,8 +216,6 @@ def test_a_two_slot_lane_never_runs_on_one_slot(key_prefix: str,
     assert ran == [], "a lane declared slots=2 ran holding one slot"
 
 
-@pytest.mark.xfail(strict=True, reason="a worker runs a heavy-lease grant for a lane it "
-                   "declares in pool gpu (rolling deploy): the gpu pool's bound is not kept")
 def test_a_grant_of_another_pool_than_the_lanes_is_refused(key_prefix: str,
                                                            redis_client: redis.Redis) -> None:
     """Rolling deploy moving t.embed into pool gpu (2 slots): the old beat still grants it the
