@@ -240,36 +240,58 @@ class Dispatcher:
     def _take_slots(self, grant: Grant, send: Send, now: float,
                     free: list[int]) -> tuple[str, int, tuple[int, ...]] | None:
         """Acquire ``grant.slots`` of the ``free`` slots under one token, all or none:
-        (token, the highest fence, the slots) or None. Slots taken (or found held after all)
-        leave ``free``."""
+        (token, the highest fence, the slots) or None. Slots taken (or found held or broken
+        after all) leave ``free``; a slot refused is passed over for the next free one, so
+        one broken key does not stop a pool that has healthy free slots."""
         if len(free) < grant.slots:
             return None
         token = uuid.uuid4().hex
         taken: list[tuple[int, int]] = []
-        for index in list(free[:grant.slots]):
-            lease = self.rt.slot_group(grant.pool, (index,)).leases[0]
-            try:
-                answer = lease.acquire(grant.lane, token, self.settings.start_deadline_s, now,
-                                       task_id=send.task_id, beat_token=self.token)
-            except redis.ResponseError as exc:
-                self._say_refused(f"slot grant {grant.pool}", exc, "lanes of pool "
-                                  f"{grant.pool!r} wait. Fix: inspect {lease.keys.lease} and "
-                                  f"{lease.keys.lease_fence} and delete the bad one")
-                answer = None
+        broken = False
+        for index in list(free):
+            if len(taken) == grant.slots:
+                break
+            answer = self._acquire_slot(grant, send, now, index, token)
             if answer is not None and answer.not_active_beat:
                 self.rt.slot_group(grant.pool, [i for i, _ in taken] or [index]).release(token)
                 raise BeatLockLost("beat lock lost before granting a slot")
             if answer is None or not answer.granted:
                 self._say_slot_refused(grant, index, answer)
                 free.remove(index)  # held after all (or broken): not free this tick
-                if taken:
-                    self.rt.slot_group(grant.pool, [i for i, _ in taken]).release(token)
-                return None
+                broken = broken or answer is None
+                if answer is not None and answer.quarantine_s is not None:
+                    break  # the state's epoch is in question, not this slot: none is granted
+                continue
             taken.append((index, answer.fence))
-        self.refused.pop(f"slot grant {grant.pool}", None)
+        return self._keep_taken(grant, token, taken, free, broken)
+
+    def _keep_taken(self, grant: Grant, token: str, taken: list[tuple[int, int]],
+                    free: list[int], broken: bool) -> tuple[str, int, tuple[int, ...]] | None:
+        """All or none: the slots ``taken`` (index, fence) when they are all the grant needs,
+        else they are released."""
+        if len(taken) < grant.slots:
+            if taken:
+                self.rt.slot_group(grant.pool, [i for i, _ in taken]).release(token)
+            return None
+        if not broken:  # (a broken slot passed over stays said once, not again every tick)
+            self.refused.pop(f"slot grant {grant.pool}", None)
         for index, _ in taken:
             free.remove(index)
         return token, max(f for _, f in taken), tuple(i for i, _ in taken)
+
+    def _acquire_slot(self, grant: Grant, send: Send, now: float, index: int,
+                      token: str) -> LeaseGrant | None:
+        """Grant slot ``index`` of ``grant.pool`` under ``token``; None when Redis refuses
+        the command (a key of the slot holds garbage: said once, naming the keys)."""
+        lease = self.rt.slot_group(grant.pool, (index,)).leases[0]
+        try:
+            return lease.acquire(grant.lane, token, self.settings.start_deadline_s, now,
+                                 task_id=send.task_id, beat_token=self.token)
+        except redis.ResponseError as exc:
+            self._say_refused(f"slot grant {grant.pool}", exc, "lanes of pool "
+                              f"{grant.pool!r} wait. Fix: inspect {lease.keys.lease} and "
+                              f"{lease.keys.lease_fence} and delete the bad one")
+            return None
 
     @staticmethod
     def _say_slot_refused(grant: Grant, index: int, answer: LeaseGrant | None) -> None:

@@ -335,9 +335,6 @@ def test_clearing_one_slot_of_an_unstarted_two_slot_grant_starts_nothing(
 # -- one broken slot key ----------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="a grant refused on a broken slot (garbage fence "
-                   "counter) drops the lane for the tick instead of trying the next free "
-                   "slot: one bad key stops a pool that has healthy free slots")
 def test_one_broken_slot_does_not_stop_a_pool_with_a_healthy_free_slot(
         key_prefix: str, gpu_queue: redis.Redis, redis_client: redis.Redis) -> None:
     """Slot 0's fence counter holds garbage (lease_acquire.lua refuses it, naming the key);
