@@ -101,8 +101,50 @@ def member_key(i: int) -> str:
 
 # -- Redis memory ---------------------------------------------------------------------------------
 
+def when_free(call: Callable[[], Any]) -> Any:
+    """``call()`` once Redis answers: a script that outlasts Redis's ``lua-time-limit`` makes
+    every other client's command fail with BUSY until it ends (reported, not hidden: see
+    :func:`longest_script_ms`)."""
+    while True:
+        try:
+            return call()
+        except redis.ResponseError as exc:
+            if not str(exc).startswith("BUSY"):
+                raise
+            time.sleep(0.2)
+
+
 def used_memory(client: redis.Redis) -> int:
-    return int(client.info("memory")["used_memory"])
+    return int(when_free(lambda: client.info("memory"))["used_memory"])
+
+
+def longest_script_ms(client: redis.Redis) -> float | None:
+    """The longest command in Redis's slow log since :func:`reset_slowlog` (ms): how long one
+    script held Redis (every other client waits, or gets BUSY past ``lua-time-limit``)."""
+    entries = when_free(lambda: client.slowlog_get(128))
+    return max((e["duration"] / 1000.0 for e in entries), default=None)
+
+
+def reset_slowlog(client: redis.Redis) -> None:
+    when_free(lambda: client.config_set("slowlog-log-slower-than", 10_000))
+    client.slowlog_reset()
+
+
+def start_beat(sched: FairScheduler, client: redis.Redis, keys: Keys) -> dict[str, Any]:
+    """Ticks (timed from construction) until beat holds the lock and has read every lane the
+    set-up marked changed: a tick whose read outlasts the client's socket timeout fails while
+    its script goes on in Redis, and the next commands get BUSY until it ends."""
+    ticks, failed = 0, 0
+    while True:
+        ticks += 1
+        try:
+            sched.tick()
+        except Exception:  # a failed tick is counted; beat would tick again
+            failed += 1
+        left = when_free(lambda: client.scard(keys.changed))
+        if sched.active and left <= 16:  # the stamp member and a few lanes marked meanwhile
+            return {"ticks": ticks, "failed_ticks": failed}
+        assert ticks < 100, f"beat did not start in {ticks} ticks ({left} changed left)"
 
 
 def key_memory(client: redis.Redis, prefix: str, n: int) -> list[dict[str, Any]]:
@@ -124,7 +166,7 @@ def key_memory(client: redis.Redis, prefix: str, n: int) -> list[dict[str, Any]]
 
 
 def redis_memory(client: redis.Redis, prefix: str, n: int, before: int) -> dict[str, Any]:
-    keys = key_memory(client, prefix, n)
+    keys = when_free(lambda: key_memory(client, prefix, n))
     return {"bytes_per_lane": round((used_memory(client) - before) / n, 1),
             "keys_bytes_per_lane": round(sum(k["bytes"] for k in keys) / n, 1),
             "keys": keys}
@@ -236,13 +278,16 @@ def run_family(url: str, n: int, due: int, reps: int, cycles: int, result: dict[
     app, heavy, light, result["setup"] = family_setup(url, FAMILY_PREFIX, n, due)
     say(f"family: set up in {result['setup']}")
     result["memory"]["app_kib"] = settled_rss_kib()
+    reset_slowlog(client)
     start = time.perf_counter()
     sched = FairScheduler(app=app)
     sent = noop_sends(sched)
     constructed = time.perf_counter() - start
-    sched.tick()  # takes the lock and reads what the set-up marked changed: part of start-up
+    # Takes the lock and reads what the set-up marked changed (every lane): start-up.
+    ticks = start_beat(sched, client, keys)
     result["startup"] = {"beat_start_s": round(time.perf_counter() - start, 3),
-                         "construct_s": round(constructed, 3)}
+                         "construct_s": round(constructed, 3), **ticks,
+                         "longest_script_ms": longest_script_ms(client)}
     say(f"family: started in {result['startup']}")
     sched.tick()  # warm-up
     result["idle"] = tick_stats([timed(sched.tick)[:2] for _ in range(reps)])
@@ -369,7 +414,9 @@ def run_entries(url: str, n: int, due: int, reps: int, cycles: int, result: dict
     app = bench_entries.fair_entries_app(url, spec)
     entries_beside_rem(client)
     result["memory"]["app_kib"] = settled_rss_kib()
+    reset_slowlog(client)
     sched, sent, result["start"] = bench_entries.fair_start(app, client)
+    result["start"]["longest_script_ms"] = longest_script_ms(client)
     say(f"entries: started {result['start']}")
     if not result["start"]["completed"]:
         sched.close()
@@ -414,7 +461,9 @@ def run_redbeat(url: str, n: int, due: int, reps: int, cycles: int, pair_reps: i
     before = used_memory(client)
     app = redbeat_app(url, n, bench_entries.beat_schedule(n, hours))
     result["memory"]["app_kib"] = settled_rss_kib()
+    reset_slowlog(client)
     sched, sent, result["start"] = bench_entries.redbeat_start(app)
+    result["start"]["longest_script_ms"] = longest_script_ms(client)
     say(f"redbeat: started {result['start']}")
     result["idle"] = bench_entries.idle_ticks(sched, sent, reps)
     read_memory(result)
@@ -438,7 +487,7 @@ def run_redbeat(url: str, n: int, due: int, reps: int, cycles: int, pair_reps: i
     fapp, _, _, _ = family_setup(url, FAMILY_PREFIX, n, due)
     family = FairScheduler(app=fapp)
     family_sent = noop_sends(family)
-    family.tick()
+    start_beat(family, client, Keys(FAMILY_PREFIX))
     say("pair: FairScheduler with the entries beside redbeat")
     entries_beside_rem(client)
     entries, entries_sent, started_ = bench_entries.fair_start(
@@ -564,6 +613,9 @@ def markdown(out: dict[str, Any]) -> str:
         f"schedule built {fmt(_get(ent, 'setup', 'beat_schedule_s'))}", "-")
     row("start-up (s)", _get(fam, "startup", "beat_start_s"), _get(ent, "start", "start_s"),
         _get(rb, "start", "start_s"))
+    row("longest Redis command at start-up (ms)",
+        _get(fam, "startup", "longest_script_ms"), _get(ent, "start", "longest_script_ms"),
+        _get(rb, "start", "longest_script_ms"))
     row("restart (s)", "-", _get(ent, "restart", "start_s"), "-")
     row("idle tick, separate (ms, median)", _get(fam, "idle", "ms", "median"),
         _get(ent, "idle", "ms", "median"), _get(rb, "idle", "ms", "median"))
