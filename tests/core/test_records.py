@@ -139,3 +139,81 @@ def test_a_finite_float_built_from_a_huge_integer_cannot_slip_in() -> None:
 def test_integers_are_accepted_where_a_time_is_expected() -> None:
     assert decode(RunRecord, stored(last_run_at=5), "k").last_run_at == 5
     assert decode(SchedRecord, stored(paused=False), "k") == SchedRecord()
+
+
+# -- the compact encoding (issue 23: a million lanes keep two records each) ----------------------
+
+#: The full texts the earlier release wrote (every field, nulls and zeros included).
+EARLIER_RUN = ('{"v":1,"last_run_at":1.5,"last_outcome":"completed","last_reason":null,'
+               '"last_task_id":"t1","backlog":0,"runs":1,"failures":0,"running_task_id":null,'
+               '"running_since":null,"running_until":null,"fence":0,"failing_since":null,'
+               '"skipped_task_id":null}')
+EARLIER_SCHED = ('{"v":1,"inflight_task_id":"t1","inflight_deadline":61.5,'
+                 '"last_dispatch_at":0.5,"dispatches":1,"deferral":null,"paused":false}')
+
+
+def _earlier_decode(cls: Any, raw: str) -> Any:
+    """How the earlier release read a record: every stored field given to the dataclass, a
+    missing one left to its default (it refused only fields it does not know)."""
+    data = json.loads(raw)
+    assert data.pop("v") == STATE_VERSION
+    if data.get("last_outcome") is not None:
+        data["last_outcome"] = Outcome(data["last_outcome"])
+    if data.get("deferral") is not None:
+        data["deferral"] = Deferral(**{**data["deferral"],
+                                       "reason": DeferralReason(data["deferral"]["reason"])})
+    return cls(**data)
+
+
+def test_a_run_and_sched_record_leave_out_the_fields_holding_their_default() -> None:
+    run = RunRecord(last_run_at=1.5, last_outcome=Outcome.COMPLETED, last_task_id="t1", runs=1)
+    sched = SchedRecord(inflight_task_id="t1", inflight_deadline=61.5, last_dispatch_at=0.5,
+                        dispatches=1)
+    assert json.loads(encode(run)) == {"v": 1, "last_run_at": 1.5, "last_outcome": "completed",
+                                       "last_task_id": "t1", "runs": 1,
+                                       "running_task_id": None, "running_since": None,
+                                       "running_until": None}
+    assert json.loads(encode(sched)) == {"v": 1, "inflight_task_id": "t1",
+                                         "inflight_deadline": 61.5, "last_dispatch_at": 0.5,
+                                         "dispatches": 1}
+    assert len(encode(run)) < 0.7 * len(EARLIER_RUN)
+    assert len(encode(sched)) < 0.85 * len(EARLIER_SCHED)
+
+
+def test_the_in_flight_marks_are_always_written() -> None:
+    """run_finish.lua and run_cas.lua rewrite them in place in the record's text: a finishing
+    light run's record must carry them (null) for another run's marks to be kept."""
+    for record in (RunRecord(), RunRecord(since=2.0), FULL_RUN):
+        text = encode(record)
+        for name in ("running_task_id", "running_since", "running_until"):
+            assert f'"{name}":' in text
+
+
+def test_values_that_only_equal_the_default_are_kept() -> None:
+    # A float 0.0 is a time (epoch 0), not the int default of a counter; None-defaulted
+    # fields with a falsy value are kept too.
+    data = json.loads(encode(RunRecord(last_run_at=0.0, last_reason="", backlog=0)))
+    assert data["last_run_at"] == 0.0 and data["last_reason"] == ""
+    assert "backlog" not in data
+    assert json.loads(encode(SchedRecord(paused=True)))["paused"] is True
+
+
+@pytest.mark.parametrize("record", [RunRecord(), SchedRecord(), FULL_RUN, FULL_SCHED,
+                                    RunRecord(since=3.0, runs=2),
+                                    SchedRecord(missed_through=5.0, missed=0)])
+def test_the_earlier_release_reads_the_short_records(record: Any) -> None:
+    """A rolling deploy: a beat or worker of the earlier release meets records this one
+    wrote."""
+    assert _earlier_decode(type(record), encode(record)) == record
+
+
+def test_this_release_reads_the_earlier_full_records() -> None:
+    assert decode(RunRecord, EARLIER_RUN, "k") == RunRecord(
+        last_run_at=1.5, last_outcome=Outcome.COMPLETED, last_task_id="t1", runs=1)
+    assert decode(SchedRecord, EARLIER_SCHED, "k") == SchedRecord(
+        inflight_task_id="t1", inflight_deadline=61.5, last_dispatch_at=0.5, dispatches=1)
+
+
+def test_the_lease_keeps_every_field() -> None:
+    assert set(json.loads(encode(LeaseView("a", "t", 1, 0.0)))) >= {
+        "v", "lane", "token", "fence", "granted_at", "started_at", "task_id", "reasserted"}
