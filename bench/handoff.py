@@ -303,6 +303,37 @@ def side_figures(timelines: Sequence[dict[str, float]]) -> dict[str, Any]:
     }
 
 
+def round_trips(stamps: Sequence[Stamp],
+                timelines: Sequence[dict[str, float]]) -> dict[str, Any]:
+    """The Redis round trips each hand-off waits for, counted where redis-py sends them
+    (``rt`` stamps: a pipeline is one): the worker child's from run A's end to run B's start,
+    beat's from its BLPOP's return to its LPUSH's answer, the worker main process's from the
+    BRPOP answer to the pool. Medians and the spread of the totals."""
+    def pids(event: str) -> set[int]:
+        return {pid for _t, name, _who, pid in stamps if name == event}
+
+    sends = [(t, pid) for t, name, _who, pid in stamps if name == "rt"]
+    where = {"worker child": (pids("prerun"), "body_end", "body_start"),
+             "beat": (pids("tick_start"), "blpop_return", "pushed"),
+             "worker main": (pids("brpop_read"), "brpop_read", "to_pool")}
+    counts: dict[str, list[int]] = {name: [] for name in where}
+    totals: list[int] = []
+    for tl in timelines:
+        if not all(first in tl and last in tl for _p, first, last in where.values()):
+            continue
+        per = {name: sum(1 for t, pid in sends if pid in who and tl[first] <= t <= tl[last])
+               for name, (who, first, last) in where.items()}
+        for name, n in per.items():
+            counts[name].append(n)
+        totals.append(sum(per.values()))
+    if not totals:
+        return {}
+    return {"handoffs": len(totals),
+            **{f"{name}_median": statistics.median(n) for name, n in counts.items()},
+            "total_median": statistics.median(totals),
+            "total_counts": {str(k): totals.count(k) for k in sorted(set(totals))}}
+
+
 def breakdown(trace_dir: Path, runs: Sequence[dict[str, Any]],
               floors: Sequence[dict[str, float]]) -> dict[str, Any]:
     """Each hand-off's and each floor sample's stamps, summarised per stage."""
@@ -314,6 +345,7 @@ def breakdown(trace_dir: Path, runs: Sequence[dict[str, Any]],
         "handoffs_traced": len(handoffs), "handoffs_unmatched": len(pairs) - len(handoffs),
         "handoff_stages": stage_table(handoffs, HANDOFF_PATH) if handoffs else [],
         "handoff_side": side_figures(handoffs) if handoffs else {},
+        "handoff_round_trips": round_trips(stamps, handoffs) if handoffs else {},
         "floor_samples_traced": len(floor),
         "floor_stages": stage_table(floor, FLOOR_PATH) if floor else [],
         "stamps": len(stamps),
@@ -393,6 +425,13 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json_path).write_text(json.dumps(result, indent=2) + "\n")
     sys.stdout.write(report.profile_md(result) if args.profile else report.floor_md(result)
                      if args.plain else report.handoff_breakdown_md(result))
+    trips = result.get("breakdown", {}).get("handoff_round_trips")
+    if trips:
+        sys.stdout.write(f"\nRedis round trips each hand-off waits for (median over "
+                         f"{trips['handoffs']}): worker child {trips['worker child_median']}, "
+                         f"beat {trips['beat_median']}, worker main "
+                         f"{trips['worker main_median']}; in all {trips['total_median']} "
+                         f"(hand-offs per total: {trips['total_counts']})\n")
     return 0
 
 

@@ -26,7 +26,9 @@ The path of one hand-off, run A ending and run B starting (``bench.handoff`` rea
   (the lease checked and marked started, one Lua call: since issue 23: 3 it also marks the
   run record running and journals the start when the record is the one the process
   expected), ``marked`` (the run record marked running by its own compare and set, when
-  not), ``journal`` / ``journaled`` (the journal's 'start' entry, when apart), ``body_start``.
+  not), ``journal`` / ``journaled`` (the journal's 'start' entry, when apart), ``body_start``;
+* everywhere: ``rt``, each request a redis-py connection sends (a pipeline being one), so the
+  round trips each process waits for on the path are counted.
   Since issue 23: 3 the journal's 'end' goes with ``finish`` in one round trip (no
   ``journal`` stamp there).
 """
@@ -131,8 +133,11 @@ def install(directory: str) -> None:
     _around(kombu_redis.QoS, "append", after="appended")
     _around(kombu_redis.QoS, "ack", after="acked")
     import redis
+    from redis.connection import Connection
 
     _around(redis.Redis, "blpop", after="blpop_return")
+    # Every request a redis-py connection sends (a pipeline is one): the round trips.
+    _around(Connection, "send_packed_command", "rt")
     from celery.concurrency.base import BasePool
 
     # Not Request.execute_using_pool: the worker's request class is a subclass made at start.
