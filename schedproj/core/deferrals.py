@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from schedproj.core.frozen import is_plain
 from schedproj.core.lanes import DeferralReason
 
 #: Reasons that mean "waiting for the heavy lease" (held, or another heavy lane won the pick),
@@ -46,6 +47,26 @@ class Deferral:
         return self.behind_blocker_since if self.gate_owner == blocker else None
 
 
+_new = object.__new__
+assert is_plain(Deferral)  # new_deferral below fills what Deferral's __init__ would
+
+
+def new_deferral(lane: str, reason: DeferralReason, blocker: str | None, since: float,
+                 blocker_since: float | None = None, gate_blocker: str | None = None
+                 ) -> Deferral:
+    """``Deferral(...)`` without the frozen dataclass ``__init__`` (a tick builds one per
+    waiting lane: see ``core.frozen``), its fields in their order (``records.encode``)."""
+    deferral = _new(Deferral)
+    d = deferral.__dict__
+    d["lane"] = lane
+    d["reason"] = reason
+    d["blocker"] = blocker
+    d["since"] = since
+    d["blocker_since"] = blocker_since
+    d["gate_blocker"] = gate_blocker
+    return deferral
+
+
 def continue_streak(previous: Deferral | None, lane: str, reason: DeferralReason,
                     blocker: str | None, now: float) -> Deferral:
     """This tick's deferral of ``lane``, continuing ``previous`` (its streak start never
@@ -53,17 +74,16 @@ def continue_streak(previous: Deferral | None, lane: str, reason: DeferralReason
     blocker defers the lane; waiting for the lease in between neither stops nor restarts it,
     or a busy lease would keep a gated lane waiting forever."""
     if previous is None:
-        return Deferral(lane=lane, reason=reason, blocker=blocker, since=now)
+        return new_deferral(lane, reason, blocker, now)
     if reason in LEASE_WAITS:
         owner = previous.gate_owner
-        return Deferral(lane=lane, reason=reason, blocker=blocker, since=previous.since,
-                        blocker_since=previous.blocker_since if owner is not None else None,
-                        gate_blocker=owner)
+        return new_deferral(lane, reason, blocker, previous.since,
+                            previous.blocker_since if owner is not None else None, owner)
     clock = previous.gate_clock(blocker) if blocker is not None else None
     if clock is None:
         clock = now
-    return Deferral(lane=lane, reason=reason, blocker=blocker, since=previous.since,
-                    blocker_since=None if clock == previous.since else clock)
+    return new_deferral(lane, reason, blocker, previous.since,
+                        None if clock == previous.since else clock)
 
 
 def same_wait(old: Deferral | None, new: Deferral) -> bool:

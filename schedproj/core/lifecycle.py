@@ -8,8 +8,8 @@ starts and when it ends. Pure.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
+from schedproj.core.frozen import evolve
 from schedproj.core.lanes import fixed_unit
 from schedproj.core.records import Outcome, RunRecord
 from schedproj.core.schedules import FireTimes
@@ -19,8 +19,11 @@ def started(before: RunRecord, *, task_id: str, now: float, running_until: float
             fence: int = 0) -> RunRecord:
     """The record once run ``task_id`` started at ``now``; it counts as running until
     ``running_until`` unless refreshed. A fenced (heavy) run raises the record's fence."""
-    return replace(before, running_task_id=task_id, running_since=now,
-                   running_until=running_until, fence=max(before.fence, fence))
+    # (evolve: dataclasses.replace without its cost, core.frozen; a run's start and end are
+    # the simulator's every run.)
+    return evolve(before, running_task_id=task_id, running_since=now,
+                  running_until=running_until,
+                  fence=before.fence if before.fence >= fence else fence)
 
 
 def finished(before: RunRecord, *, task_id: str, outcome: Outcome, reason: str | None,
@@ -32,12 +35,17 @@ def finished(before: RunRecord, *, task_id: str, outcome: Outcome, reason: str |
     so a lane that was ever fenced can still record its outcomes.
     """
     failed = outcome in (Outcome.FAILED, Outcome.LOST)
-    return RunRecord(
-        last_run_at=now, last_outcome=outcome, last_reason=reason,
+    # A new record (the fields not named keep their defaults), built as RunRecord(...) would.
+    return evolve(
+        _NEW_RUN, last_run_at=now, last_outcome=outcome, last_reason=reason,
         failing_since=(before.failing_since or now) if failed else None,
         last_task_id=task_id, backlog=backlog, runs=before.runs + 1,
         failures=before.failures + failed, fence=fence or before.fence,
     )
+
+
+#: A run record of defaults: what :func:`finished` builds from.
+_NEW_RUN = RunRecord()
 
 
 def lost(before: RunRecord, *, now: float, why: str, task_id: str | None = None) -> RunRecord:

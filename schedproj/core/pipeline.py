@@ -25,10 +25,19 @@ from operator import attrgetter
 from schedproj.core import gates
 from schedproj.core.deferrals import Deferral, continue_streak
 from schedproj.core.due import NEVER, due_at
-from schedproj.core.lanes import DeferralReason, Gate, LaneKind, LaneSpec, Profile, enabled_under
+from schedproj.core.frozen import is_plain
+from schedproj.core.lanes import (
+    DeferralReason,
+    DeploymentClass,
+    Gate,
+    LaneKind,
+    LaneSpec,
+    Profile,
+    enabled_under,
+)
 from schedproj.core.picker import Policy, pick
 from schedproj.core.pools import DEFAULT_POOL, Grant, Pool, grant, pools_by_name
-from schedproj.core.records import EMPTY_STATE, LaneState, LeaseView, SchedRecord
+from schedproj.core.records import EMPTY_STATE, LaneState, LeaseView
 from schedproj.core.views import LaneView, view_all, view_lane
 
 
@@ -65,11 +74,14 @@ _SORT_KEY = attrgetter("order", "name")
 def eligible(lanes: Collection[LaneSpec], states: Mapping[str, LaneState], profile: Profile,
              excluded: Collection[str]) -> tuple[LaneSpec, ...]:
     """Stage 1: lanes the profile enables, not paused, readable — in declared order."""
-    empty = EMPTY_STATE
+    get, empty = states.get, EMPTY_STATE
+    # ``enabled_under``'s rule, tested once for the tick rather than once per lane.
+    cloud = profile is Profile.CLOUD
+    local_only = DeploymentClass.LOCAL_ONLY
     return tuple(sorted(
         [s for s in lanes  # a list, not a generator: a tick of a few lanes is mostly overhead
-         if enabled_under(profile, s.deployment) and s.name not in excluded
-         and not states.get(s.name, empty).sched.paused],
+         if not (cloud and s.deployment is local_only) and s.name not in excluded
+         and not get(s.name, empty).sched.paused],
         key=_SORT_KEY,  # LaneSpec.sort_key, computed in C: a tick may sort thousands
     ))
 
@@ -85,8 +97,10 @@ def blocker_views(lanes: Collection[LaneSpec], states: Mapping[str, LaneState],
     so a gate on them still holds its consumer back. A light blocker whose record could not
     be read at all may be running: it counts as running (the gate only defers, boundedly).
     A member of a family a gate names is such a blocker too: the family runs while it runs."""
-    named = {g.blocker for s in lanes if s.name in views for g in s.gates}
+    named = {g.blocker for s in lanes if s.gates and s.name in views for g in s.gates}
     out: dict[str, LaneView] = {}
+    if not named:  # no gate among the lanes viewed: no lane to walk for
+        return out
     for spec in lanes:
         if ((spec.name in named or spec.family in named) and spec.name not in views
                 and enabled_under(profile, spec.deployment)):
@@ -119,55 +133,95 @@ def decide(
     operator's "run now") are due whatever their cadence, and still need the lease. A light
     run counts as in flight ``inflight_grace_s`` past its mark (see ``views.is_in_flight``).
     ``pools`` and ``holders``: see :func:`_pick_heavy` (None, None: the lease alone)."""
-    specs = eligible(lanes, states, profile, excluded={*unreadable, *paused})
+    specs = eligible(lanes, states, profile,
+                     excluded={*unreadable, *paused} if unreadable or paused else ())
     views = view_all(specs, states, lease, now, probes or {}, forced, inflight_grace_s)
     held_back = blocker_views(lanes, states, lease, now, profile, views, unreadable,
                               inflight_grace_s)
     table, busy, full = _pool_state(lease, pools, holders)
     views, held_back = _holding(views, busy), _holding(held_back, busy)
-    named = {g.blocker for s in specs for g in s.gates}
-    gate_views = {**gates.family_views({**held_back, **views}, named), **held_back, **views}
-    candidates = [v for v in views.values() if v.due and not v.in_flight]
-
-    def sched(name: str) -> SchedRecord:
-        return states[name].sched if name in states else EMPTY_STATE.sched
+    gate_views = _gate_views(specs, views, held_back)
     deferred: list[Deferral] = []
     heavy: list[LaneView] = []
     light_views: list[LaneView] = []
     expired: list[tuple[str, Gate]] = []
+    get, empty = states.get, EMPTY_STATE
+    lease_held, registry = DeferralReason.LEASE_HELD, policy is Policy.REGISTRY
 
     def defer(name: str, reason: DeferralReason, blocker: str | None) -> None:
-        deferred.append(continue_streak(sched(name).deferral, name, reason, blocker, now))
-
-    for view in candidates:
-        is_heavy = view.spec.kind is LaneKind.HEAVY
-        if is_heavy and (view.spec.pool in full or view.spec.pool not in table):
-            defer(view.name, DeferralReason.LEASE_HELD, _first(busy, view.spec.pool))
+        deferred.append(continue_streak(get(name, empty).sched.deferral, name, reason,
+                                        blocker, now))
+    for view in views.values():
+        if not view.due or view.in_flight:
             continue
-        if view.spec.gates:
-            gate, lapsed = gates.evaluate(view, gate_views, sched(view.name).deferral, now,
-                                          legacy=policy is Policy.REGISTRY)
-            expired.extend((view.name, g) for g in lapsed)
+        spec = view.spec
+        is_heavy = spec.kind is _HEAVY
+        if is_heavy and (spec.pool in full or spec.pool not in table):
+            defer(spec.name, lease_held, _first(busy, spec.pool))
+            continue
+        if spec.gates:
+            gate, lapsed = gates.evaluate(view, gate_views, get(spec.name, empty).sched.deferral,
+                                          now, legacy=registry)
+            expired.extend((spec.name, g) for g in lapsed)
             if gate is not None:
-                defer(view.name, gate.reason, gate.blocker)
+                defer(spec.name, gate.reason, gate.blocker)
                 continue
         (heavy if is_heavy else light_views).append(view)
+    winner, pool_grants, reserved = (_pick_heavy(heavy, policy, table, busy, defer) if heavy
+                                     else (None, (), {}))  # (what it gives for none)
+    return new_decision(winner, tuple([v.name for v in light_views]), tuple(deferred),
+                        tuple(expired), views, gate_views, pool_grants, reserved)
 
-    winner, pool_grants, reserved = _pick_heavy(heavy, policy, table, busy, defer)
-    return Decision(winner=winner, also_dispatched=tuple([v.name for v in light_views]),
-                    deferred=tuple(deferred), expired_gates=tuple(expired), views=views,
-                    gate_views=gate_views, pool_grants=pool_grants, reserved=reserved)
+
+_HEAVY = LaneKind.HEAVY
+_new = object.__new__
+assert is_plain(Decision)  # new_decision below fills what Decision's __init__ would
+
+
+def new_decision(winner: str | None, also_dispatched: tuple[str, ...],
+                 deferred: tuple[Deferral, ...], expired_gates: tuple[tuple[str, Gate], ...],
+                 views: Mapping[str, LaneView], gate_views: Mapping[str, LaneView],
+                 pool_grants: tuple[Grant, ...], reserved: Mapping[str, str]) -> Decision:
+    """``Decision(...)`` without the frozen dataclass ``__init__`` (see ``core.frozen``)."""
+    decision = _new(Decision)
+    d = decision.__dict__
+    d["winner"] = winner
+    d["also_dispatched"] = also_dispatched
+    d["deferred"] = deferred
+    d["expired_gates"] = expired_gates
+    d["views"] = views
+    d["gate_views"] = gate_views
+    d["pool_grants"] = pool_grants
+    d["reserved"] = reserved
+    return decision
+
+
+def _gate_views(specs: tuple[LaneSpec, ...], views: dict[str, LaneView],
+                held_back: dict[str, LaneView]) -> dict[str, LaneView]:
+    """What the gates see: the views, the blockers held back, and the views of the families
+    the gates name (``gates.family_views``)."""
+    named = {g.blocker for s in specs if s.gates for g in s.gates}
+    if not (named or held_back):  # what the merge below gives then: the views
+        return dict(views)
+    return {**gates.family_views({**held_back, **views}, named), **held_back, **views}
+
+
+#: The pool table with the default pool alone (``pools_by_name(None)``), built once: it is
+#: only read.
+_DEFAULT_TABLE = pools_by_name(None)
 
 
 def _pool_state(lease: LeaseView | None, pools: Mapping[str, Pool] | None,
                 holders: Mapping[str, Sequence[str]] | None,
-                ) -> tuple[dict[str, Pool], dict[str, Sequence[str]], set[str]]:
+                ) -> tuple[Mapping[str, Pool], dict[str, Sequence[str]], set[str]]:
     """(the pools by name, the lanes holding each pool's busy slots — the default pool's is
     the lease's —, the pools with no free slot). A heavy lane of a full pool (the default
     pool: the lease held) waits before any gate is looked at, as does a lane of a pool beat
     does not serve."""
-    table = pools_by_name(pools)
-    busy = {**(holders or {}), DEFAULT_POOL: [lease.lane] if lease is not None else []}
+    table = _DEFAULT_TABLE if pools is None else pools_by_name(pools)
+    held: Sequence[str] = [lease.lane] if lease is not None else []
+    busy: dict[str, Sequence[str]] = ({**holders, DEFAULT_POOL: held} if holders
+                                      else {DEFAULT_POOL: held})
     full = {name for name, pool in table.items() if len(busy.get(name, ())) >= pool.slots}
     return table, busy, full
 
@@ -176,7 +230,7 @@ def _holding(views: dict[str, LaneView], busy: Mapping[str, Sequence[str]]
              ) -> dict[str, LaneView]:
     """``views`` with every heavy lane holding a slot of its pool in flight (the default
     pool's holder already is: ``views.view_lane`` sees the lease)."""
-    if len(busy) == 1:  # the default pool alone: nothing to add
+    if len(busy) == 1 or not views:  # the default pool alone, or no view: nothing to add
         return views
     # Walk the holders (a few per pool), not the views (a tick may view 10,000 due lanes):
     # the views are copied only when a holder among them changes.
@@ -215,8 +269,8 @@ def _pick_heavy(heavy: list[LaneView], policy: Policy, pools: Mapping[str, Pool]
                     defer(view.name, DeferralReason.BACKPRESSURE, legacy.name)
         return (legacy.name if legacy else None), (), {}
     result = grant(heavy, pools, busy)
-    granted = set(result.lanes)
-    ahead = granted | set(result.reserved.values())
+    granted = {g.lane for g in result.granted}
+    ahead = granted.union(result.reserved.values()) if result.reserved else granted
     waiting = result.waiting
     for view in heavy:  # in the candidates' order, as before pools
         name = view.spec.name

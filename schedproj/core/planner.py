@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 
 from schedproj.core.deferrals import Deferral, continue_streak, same_wait
 from schedproj.core.due import calendar_last_run
+from schedproj.core.frozen import evolve, is_plain
 from schedproj.core.lanes import DeferralReason, LaneSpec, Profile
 from schedproj.core.picker import Policy
 from schedproj.core.pipeline import Decision, decide, seconds_until_next_due
@@ -125,13 +126,36 @@ def plan_tick(
     if tick.quarantined:
         decision = quarantine(decision, tick.states, now)
     deadline = now + start_deadline_s
-    sends = {lane: Send(lane, task_id(lane), deadline) for lane in decision.dispatched}
-    changes, news = sched_changes(decision, tick.states, sends, now)
-    misses = record_misses(decision, tick.states, changes, now)
-    return Plan(decision=decision, now=now, states=tick.states, sends=sends, changes=changes,
-                new_deferrals=tuple(news),
-                next_due_in_s=seconds_until_next_due(decision.views, tick.states, now),
-                misses=misses)
+    sends = {lane: _new_send(lane, task_id(lane), deadline) for lane in decision.dispatched}
+    states = tick.states
+    changes, news = sched_changes(decision, states, sends, now)
+    misses = record_misses(decision, states, changes, now)
+    # Plan(...) without the frozen dataclass __init__ (core.frozen): once a tick.
+    plan = _new(Plan)
+    d = plan.__dict__
+    d["decision"] = decision
+    d["now"] = now
+    d["states"] = states
+    d["sends"] = sends
+    d["changes"] = changes
+    d["new_deferrals"] = tuple(news)
+    d["next_due_in_s"] = seconds_until_next_due(decision.views, states, now)
+    d["misses"] = misses
+    return plan
+
+
+_new = object.__new__
+assert is_plain(Plan) and is_plain(Send)  # built as their __init__ would
+
+
+def _new_send(lane: str, task_id: str, deadline: float) -> Send:
+    """``Send(lane, task_id, deadline)`` without the frozen dataclass ``__init__``."""
+    send = _new(Send)
+    d = send.__dict__
+    d["lane"] = lane
+    d["task_id"] = task_id
+    d["deadline"] = deadline
+    return send
 
 
 @dataclass(frozen=True)
@@ -153,7 +177,7 @@ def record_misses(decision: Decision, states: Mapping[str, LaneState],
     window with no run (``schedules.missed_fires``) and record them in ``changes`` (the
     lane's sched record: ``missed_through`` so each is counted once, ``missed`` the total).
     A lane dispatched now is dispatched for a fire time within its window."""
-    misses = []
+    misses: list[Missed] = []
     empty = EMPTY_STATE
     for lane, view in decision.views.items():
         spec = view.spec
@@ -197,33 +221,42 @@ def sched_changes(
     changes: dict[str, SchedRecord] = {}
     news: list[Deferral] = []
     deferred = {d.lane: d for d in decision.deferred}
+    views = decision.views
+    get = states.get
 
-    for lane in decision.views:
-        state = states.get(lane)
+    for lane in views:
+        state = get(lane)
         old = state.sched if state is not None else empty
         if lane in sends:
             send = sends[lane]
-            changes[lane] = replace(old, inflight_task_id=send.task_id,
-                                    inflight_deadline=send.deadline, last_dispatch_at=now,
-                                    dispatches=old.dispatches + 1, deferral=None)
+            # (evolve: dataclasses.replace without its cost, core.frozen.)
+            changes[lane] = evolve(old, inflight_task_id=send.task_id,
+                                   inflight_deadline=send.deadline, last_dispatch_at=now,
+                                   dispatches=old.dispatches + 1, deferral=None)
         elif lane in deferred:
             new = deferred[lane]
             if old.deferral is not None and same_wait(old.deferral, new):
                 continue
             if old.deferral != new:
-                changes[lane] = replace(old, deferral=new)
+                changes[lane] = evolve(old, deferral=new)
                 if (old.deferral is None or old.deferral.reason != new.reason
                         or old.deferral.blocker != new.blocker):
                     news.append(new)
         elif old.deferral is not None:
-            changes[lane] = replace(old, deferral=None)
-    # Lanes outside this decision (paused, disabled by the profile) are not deferred now: end
-    # their streaks, so a lane resumed later does not inherit a stale start.
-    for lane in states.keys() - decision.views.keys():
+            changes[lane] = evolve(old, deferral=None)
+    if len(states) > len(views) or not views.keys() >= states.keys():
+        _end_streaks_outside(views, states, changes)
+    return changes, news
+
+
+def _end_streaks_outside(views: Mapping[str, object], states: Mapping[str, LaneState],
+                         changes: dict[str, SchedRecord]) -> None:
+    """Lanes outside this decision (paused, disabled by the profile) are not deferred now: end
+    their streaks, so a lane resumed later does not inherit a stale start."""
+    for lane in states.keys() - views.keys():
         st = states[lane]
         if st.sched.deferral is not None:
-            changes[lane] = replace(st.sched, deferral=None)
-    return changes, news
+            changes[lane] = evolve(st.sched, deferral=None)
 
 
 __all__ = ["Missed", "Plan", "Send", "TickInput", "plan_tick", "quarantine", "record_misses",

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from schedproj.core import defaults
 from schedproj.core.errors import ConfigurationError
+from schedproj.core.frozen import is_plain
 
 if TYPE_CHECKING:  # views imports lanes, which imports this module: no cycle at run time
     from schedproj.core.views import LaneView
@@ -227,7 +228,8 @@ def grant(candidates: Iterable[LaneView], pools: Mapping[str, Pool],
     this is the single-lease pick: the best ranked candidate, or nothing while the lease is
     held.
     """
-    if not (isinstance(backfill_ratio, int | float) and math.isfinite(backfill_ratio)
+    if backfill_ratio is not BACKFILL_RATIO and not (  # (the default needs no check)
+            isinstance(backfill_ratio, int | float) and math.isfinite(backfill_ratio)
             and backfill_ratio >= 0):
         raise ValueError(f"backfill_ratio must be a finite number >= 0, got {backfill_ratio!r}")
     heavy_kind, rank_key = _late_imports()
@@ -253,7 +255,32 @@ def grant(candidates: Iterable[LaneView], pools: Mapping[str, Pool],
                                 backfill_ratio, granted, waiting)
         if reserving is not None:
             reserved[name] = reserving
-    return Grants(granted=tuple(granted), waiting=waiting, reserved=reserved)
+    return _new_grants(tuple(granted), waiting, reserved)
+
+
+_new = object.__new__
+assert is_plain(Grant) and is_plain(Grants)  # built below as their __init__ would
+
+
+def _new_grants(granted: tuple[Grant, ...], waiting: dict[str, str | None],
+                reserved: dict[str, str]) -> Grants:
+    """``Grants(...)`` without the frozen dataclass ``__init__`` (see ``core.frozen``)."""
+    grants = _new(Grants)
+    d = grants.__dict__
+    d["granted"] = granted
+    d["waiting"] = waiting
+    d["reserved"] = reserved
+    return grants
+
+
+def _new_grant(lane: str, pool: str, slots: int) -> Grant:
+    """``Grant(lane, pool, slots)`` without the frozen dataclass ``__init__``."""
+    one = _new(Grant)
+    d = one.__dict__
+    d["lane"] = lane
+    d["pool"] = pool
+    d["slots"] = slots
+    return one
 
 
 @functools.cache
@@ -279,7 +306,7 @@ def _grant_pool(pool: Pool, lanes: Mapping[str, LaneView], busy: Sequence[str],
     for view in _in_rank_order(lanes, free, rank_key):
         lane = view.name
         if view.spec.slots <= free:
-            granted.append(Grant(lane, pool.name, view.spec.slots))
+            granted.append(_new_grant(lane, pool.name, view.spec.slots))
             mine.append(lane)
             free -= view.spec.slots
         else:

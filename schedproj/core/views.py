@@ -7,7 +7,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from schedproj.core.due import calendar_due_at_for, effective_last_run, retry_at, staleness
-from schedproj.core.lanes import LaneSpec
+from schedproj.core.frozen import is_plain
+from schedproj.core.lanes import LaneKind, LaneSpec
 from schedproj.core.records import EMPTY_STATE, LaneState, LeaseView
 
 
@@ -30,6 +31,26 @@ class LaneView:
     def behind(self) -> bool:
         """Has work left: reported backlog, or never run so its backlog is unknown."""
         return self.backlog > 0 or self.never_run
+
+
+_new = object.__new__
+_HEAVY = LaneKind.HEAVY
+assert is_plain(LaneView)  # new_view below fills what LaneView's __init__ would
+
+
+def new_view(spec: LaneSpec, ratio: float, backlog: int, due: bool, in_flight: bool,
+             never_run: bool) -> LaneView:
+    """``LaneView(...)`` without the frozen dataclass ``__init__`` (a tick builds one per
+    lane it views: see ``core.frozen``)."""
+    view = _new(LaneView)
+    d = view.__dict__
+    d["spec"] = spec
+    d["ratio"] = ratio
+    d["backlog"] = backlog
+    d["due"] = due
+    d["in_flight"] = in_flight
+    d["never_run"] = never_run
+    return view
 
 
 def staleness_ratio(last_run_at: float | None, cadence_s: float, now: float) -> float:
@@ -80,9 +101,11 @@ def view_lane(
 ) -> LaneView:
     """Compute the view of one lane. ``probed_backlog`` comes from the lane's due-check hook."""
     ratio = staleness(spec, state, now)
-    backlog = probed_backlog if probed_backlog is not None else state.run.backlog
-    never_run = state.run.last_run_at is None
-    if forced or retry_due(spec, state, now):
+    run = state.run
+    backlog = probed_backlog if probed_backlog is not None else run.backlog
+    never_run = run.last_run_at is None
+    # (A lane with no retry policy has no retry due: retry_at's first test, without the call.)
+    if forced or (spec.retry_after_failure_s is not None and retry_at(spec, state, now) <= now):
         due = True
     elif spec.backlog_driven:
         # Ranked with its cadence, but due only while behind (a first run measures it).
@@ -91,20 +114,13 @@ def view_lane(
         due = backlog > 0 or calendar_due_at_for(spec, state, now) <= now
     else:
         due = ratio >= spec.due_ratio or backlog > 0
-    if spec.heavy:
+    if spec.kind is _HEAVY:
         # A heavy run lives exactly as long as its lease: granted at dispatch, renewed while
         # running, gone when the run ends or its worker dies. Nothing else can wedge the lane.
         in_flight = lease is not None and lease.lane == spec.name
     else:
         in_flight = is_in_flight(state, now, grace_s)
-    return LaneView(
-        spec=spec,
-        ratio=ratio,
-        backlog=max(0, backlog),
-        due=due,
-        in_flight=in_flight,
-        never_run=never_run,
-    )
+    return new_view(spec, ratio, backlog if backlog > 0 else 0, due, in_flight, never_run)
 
 
 def view_all(
@@ -126,5 +142,5 @@ def view_all(
 
 # effective_last_run lives with the due-time rule (core.due); it is named here too because
 # every stage that views a lane uses it.
-__all__ = ["LaneView", "effective_last_run", "is_in_flight", "retry_due", "staleness_ratio",
-           "view_all", "view_lane"]
+__all__ = ["LaneView", "effective_last_run", "is_in_flight", "new_view", "retry_due",
+           "staleness_ratio", "view_all", "view_lane"]
