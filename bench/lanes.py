@@ -93,6 +93,11 @@ def heavy_body(task: LaneTask, lane: str) -> None:
         client().rpush(RUNS_KEY, *(json.dumps(r) for r in _unpushed))
         _unpushed.clear()
     time.sleep(max(0.0, start + HEAVY_RUN_S - time.time()))
+    # Work left: the lane is due again at its end, not a cadence (1 ms) later. Without it, a
+    # tick that starts within that millisecond (most, once the hand-off got fast) finds the
+    # lane not due yet and comes straight back for it: a second tick in every other hand-off,
+    # beside the next run's start, that no lane with a real cadence would cause.
+    task.report_backlog(1)
     end = time.time()
     handoff_trace.mark("body_end", str(task.request.id), end)
     _unpushed.append({"lane": lane, "kind": "heavy", "start": start, "end": end,
