@@ -90,10 +90,12 @@ class BeatEngine:
               code_entries: CodeEntries) -> BeatEngine:
         tick_lanes, memory = TickLanes(lanes), TickMemory()
         reporter = ErrorReporter(rt.store)
+        slots = PoolSlots(rt.store.client, rt.keys, lanes.pools)
         return cls(
             rt=rt, lanes=tick_lanes, memory=memory,
             checks=DueChecks(tick_lanes.hooks, reporter),
-            recovery=LossRecovery(rt.store, rt.keys, tick_lanes, rt.settings.lease_ttl_s),
+            recovery=LossRecovery(rt.store, rt.keys, tick_lanes, rt.settings.lease_ttl_s,
+                                  slots),
             families=FamilySync(tick_lanes.synced_families,
                                 FamilyStore(rt.store.client, rt.keys), reporter),
             dispatcher=Dispatcher(rt, scheduler.token, memory, tick_lanes, scheduler.data,
@@ -105,7 +107,7 @@ class BeatEngine:
                                 rt.keys, scheduler.token, scheduler.send_entry,
                                 code_entries, max_look_s=RECHECK_S,
                                 reserved=lanes.names),
-            slots=PoolSlots(rt.store.client, rt.keys, lanes.pools),
+            slots=slots,
             pool_pressure=PoolPressure(rt, tick_lanes))
 
 

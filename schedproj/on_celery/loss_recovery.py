@@ -23,7 +23,7 @@ from schedproj.core.pools import DEFAULT_POOL
 from schedproj.core.records import LaneState, LeaseView, RunRecord
 from schedproj.on_celery.tick_lanes import TickLanes
 from schedproj.store.lane_store import LaneStore, Snapshot
-from schedproj.store.lease import OperatorRequest
+from schedproj.store.lease import OperatorRequest, PoolSlots
 from schedproj.store.protocol import CounterKind, Keys, counter_field, run_field
 
 logger = logging.getLogger("schedproj.beat")
@@ -66,8 +66,11 @@ def say_state_loss(snap: Snapshot) -> None:
 class LossRecovery:
     """Puts back lost run records and records lost runs, for the active beat."""
 
-    def __init__(self, store: LaneStore, keys: Keys, lanes: TickLanes, grace_s: float) -> None:
+    def __init__(self, store: LaneStore, keys: Keys, lanes: TickLanes, grace_s: float,
+                 pool_slots: PoolSlots | None = None) -> None:
         self.store, self.keys, self.lanes = store, keys, lanes
+        #: Every slot a run may hold (this beat's pools', and those of earlier declarations).
+        self.pool_slots = pool_slots
         #: A light run's in-flight mark counts this long past its end (clock skew).
         self.grace_s = grace_s
         #: The started heavy lease seen last tick (``lostruns.follow_lease``).
@@ -138,8 +141,13 @@ class LossRecovery:
             run = state.run
             if spec is None:
                 continue
-            lease = (snap.lease if spec.pool == DEFAULT_POOL
-                     else by_task.get(run.running_task_id or ""))
+            # The lease that names the run, wherever it is: a deploy may have moved the lane
+            # to another pool while it runs (or shrunk its pool under it).
+            task = run.running_task_id or ""
+            lease = by_task.get(task)
+            if lease is None and (spec.pool == DEFAULT_POOL or (
+                    snap.lease is not None and snap.lease.task_id == task)):
+                lease = snap.lease
             if not lostruns.has_lapsed(run, heavy=spec.heavy, lease=lease, now=now,
                                        grace_s=self.grace_s):
                 continue
@@ -209,39 +217,37 @@ class LossRecovery:
         """``lost`` as an operator's clear of its lease explains it, if one does
         (:func:`lostruns.cleared`); read only when a heavy run is judged lost (rare). A pool
         run's lease is its slots: ``clear-lease --pool P --slot I`` leaves its request on the
-        slot's request key, and a request naming the run on any of its pool's slots counts."""
+        slot's request key; a request naming the run on any lease it may have held counts."""
         if not lost.heavy:
             return lost
-        slots = self._slot_keys(lost.lane, "lease_request")
         try:
-            raws = (self.store.client.mget(slots) if slots
-                    else [self.store.client.get(self.keys.lease_request)])
+            raws = self.store.client.mget(
+                [self.keys.lease_request, *(k.lease_request for k in self._slots())])
         except redis.ResponseError:  # a wrong type there is no request: judged as lost
             return lost
-        requests = [OperatorRequest.decode(None if raw is None else str(raw)) for raw in raws]
-        mine = [r for r in requests if r is not None and r.task_id == lost.task_id]
-        request = mine[0] if mine else next((r for r in requests if r is not None), None)
-        if request is None:
-            return lost
-        return lostruns.cleared(lost, action=request.action, task_id=request.task_id)
+        for raw in raws:
+            request = OperatorRequest.decode(None if raw is None else str(raw))
+            if request is not None and request.task_id == lost.task_id:
+                return lostruns.cleared(lost, action=request.action, task_id=request.task_id)
+        return lost
 
-    def _slot_keys(self, lane: str, key: str = "lease") -> list[str]:
-        """The lease keys (or another of their keys, by :class:`Keys` attribute) of every
-        slot of ``lane``'s pool when it is a pool beyond the default (its run is alive while
-        any of them names it); none for the default pool, whose one slot is the heavy
-        lease."""
-        spec = self.lanes.spec(lane)
-        pool = self.lanes.lanes.pools.get(spec.pool) if spec is not None else None
-        if pool is None or pool.name == DEFAULT_POOL:
-            return []
-        return [str(getattr(self.keys.slot(pool.name, i), key)) for i in range(pool.slots)]
+    def _slots(self) -> list[Keys]:
+        """The keys of every slot of the pools beyond the default, this beat's declaration's
+        and those past it (none for a deployment without pools)."""
+        slots = self.pool_slots
+        return [*slots.slot_keys, *slots.retired_keys] if slots is not None else []
+
+    def _lease_keys(self) -> list[str]:
+        """Every lease a heavy run may hold (it is alive while any names it): the heavy
+        lease and every slot, whatever the pool its lane is declared in now."""
+        return [self.keys.lease, *(k.lease for k in self._slots())]
 
     def _write(self, lost: LostRun, raw: str) -> None:
         """Record the loss (compare and set on ``raw``); said, counted and journaled. A run an
         operator cleared is recorded, said and journaled as ``cleared``, not counted lost."""
         lost = self._cleared(lost)
         if not self.store.mark_lost(lost.lane, raw, lost.record, task_id=lost.task_id,
-                                    heavy=lost.heavy, leases=self._slot_keys(lost.lane)):
+                                    heavy=lost.heavy, leases=self._lease_keys()):
             return
         if lost.cleared:
             logger.warning("lane %s: run %s cleared %s", lost.lane, lost.task_id, lost.why)

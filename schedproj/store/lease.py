@@ -13,6 +13,7 @@ takes ``k`` slots holds ``k`` slot leases under one token (:class:`SlotGroup`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -360,7 +361,15 @@ class SlotGroup:
 
 
 class PoolSlots:
-    """Reads every slot of the pools beyond the default: one round trip (MGET)."""
+    """Reads every slot of the pools beyond the default: one round trip (an MGET, with the
+    pools hash in the same pipeline).
+
+    The slots a deploy took away are read too. Redeployed with ``gpu=3`` -> ``gpu=2``, or with
+    ``gpu`` gone, a run may still hold slot 2 (or any ``gpu`` slot) for the rest of its hold:
+    it takes a place in the pool (beat grants only what the new count leaves free) and it is
+    alive (not judged lost, its lane not sent again). Which slots may exist comes from the
+    pools hash (:attr:`Keys.pools`): each beat records its declaration there, at the most
+    slots any beat declared a pool with, before it grants any slot."""
 
     def __init__(self, client: redis.Redis, keys: Keys, pools: Mapping[str, Pool]) -> None:
         self.client, self.keys = client, keys
@@ -368,25 +377,72 @@ class PoolSlots:
                       if name != DEFAULT_POOL}
         self.slot_keys = [keys.slot(name, i) for name, pool in self.pools.items()
                           for i in range(pool.slots)]
+        #: The most slots each pool was ever declared with (the pools hash), once read.
+        self.declared_ever: dict[str, int] | None = None
+        #: The slots past this beat's declaration that runs may still hold.
+        self.retired_keys: list[Keys] = []
+        self._declare = scripts.register(client, "pools_declare")
 
     def __bool__(self) -> bool:
-        return bool(self.slot_keys)
+        if self.declared_ever is None:
+            # (Unreadable now: asked again at the next look; this beat's own slots are known.)
+            with contextlib.suppress(redis.RedisError):
+                self._learn(self._declare(keys=[self.keys.pools], args=self._declaration()))
+        return bool(self.slot_keys or self.retired_keys)
+
+    def _declaration(self) -> list[str | int]:
+        return [x for name, pool in self.pools.items() for x in (name, pool.slots)]
+
+    def _learn(self, flat: Sequence[object]) -> None:
+        """Take the pools hash (HGETALL's flat reply): the slots past this beat's
+        declaration that earlier declarations had."""
+        ever: dict[str, int] = {}
+        for name, raw in zip(flat[::2], flat[1::2], strict=True):
+            text = _text(raw)
+            if text.isascii() and text.isdigit():
+                ever[_text(name)] = int(text)
+        self.declared_ever = ever
+        self.retired_keys = [
+            self.keys.slot(name, i) for name, count in sorted(ever.items())
+            if name != DEFAULT_POOL
+            for i in range(self.pools[name].slots if name in self.pools else 0, count)]
 
     def read(self) -> dict[str, list[LeaseView | None]]:
-        """Per pool, each slot's lease (None: free). A slot holding garbage is busy with an
-        unknown holder (:data:`UNREADABLE_SLOT`): nothing is granted over it."""
-        if not self.slot_keys:
+        """Per pool, each slot's lease (None: free), then the leases of the slots past its
+        declaration that runs still hold (a pool no longer declared: those alone). A slot
+        holding garbage is busy with an unknown holder (:data:`UNREADABLE_SLOT`): nothing is
+        granted over it."""
+        if not self:
             return {}
-        raws = self.client.mget([k.lease for k in self.slot_keys])
+        every = self.slot_keys + self.retired_keys
+        pipe = self.client.pipeline(transaction=False)
+        pipe.mget([k.lease for k in every])
+        pipe.hgetall(self.keys.pools)
+        raws, stored = pipe.execute()
+        ever = {_text(k): _text(v) for k, v in stored.items()}
+        known = self.declared_ever or {}
+        if ever != {k: str(v) for k, v in known.items()} or (
+                any(known.get(name, 0) < pool.slots for name, pool in self.pools.items())):
+            # Another beat declared more slots (its runs may hold them), or the hash was
+            # lost: declare again, and read the slots now known.
+            self._learn(self._declare(keys=[self.keys.pools], args=self._declaration()))
+            if self.slot_keys + self.retired_keys != every:
+                return self.read()
         out: dict[str, list[LeaseView | None]] = {name: [] for name in self.pools}
-        for keys, raw in zip(self.slot_keys, raws, strict=True):
+        for index, (keys, raw) in enumerate(zip(every, raws, strict=True)):
             assert isinstance(keys, SlotKeys)
             try:
                 lease = parse_lease(None if raw is None else str(raw), keys.lease)
             except StateError:
                 lease = UNREADABLE_SLOT
-            out[keys.pool].append(lease)
+            if index >= len(self.slot_keys) and lease is None:
+                continue  # a retired slot nobody holds: not a slot to grant
+            out.setdefault(keys.pool, []).append(lease)
         return out
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 #: What a slot whose record cannot be read counts as: held, by nobody known.

@@ -96,6 +96,14 @@ class Keys:
         return f"{self.prefix}:registry"
 
     @property
+    def pools(self) -> str:
+        """Hash: pool name -> the most slots any beat has declared it with (never lowered;
+        ``lua/pools_declare.lua``). Beat reads the slots of earlier declarations too: a run
+        may still hold a slot of a pool a deploy shrank or removed. Losing it loses only that
+        memory of earlier declarations; beat writes its own declaration back."""
+        return f"{self.prefix}:pools"
+
+    @property
     def paused(self) -> str:
         """Set: lanes an operator paused (never dispatched until resumed)."""
         return f"{self.prefix}:paused"

@@ -1,9 +1,10 @@
 """Adversarial checks of the pool protocol (a pool = N fenced slot leases beside the heavy
 lease), against a real Redis, a real in-process beat tick and the real worker task.
 
-Each test states the invariant it attacks. The ones marked ``xfail(strict=True)`` fail today
-and name the bug: a fix flips them (and strict xfail then fails the suite until the mark is
-dropped). The others passed the attack and stay for the coverage they add.
+Each test states the invariant it attacks. Seven attacks found bugs (they were committed as
+strict xfails, each fix flipped one: pools resized down or removed under a run, lanes moved
+between pools, grants not matching the worker's declaration, operator clears and stops on
+slots, a broken slot); the others passed the attack and stay for the coverage they add.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from schedproj.on_celery.keepalive import OPERATOR_STOP, LeaseRenewer
 from schedproj.on_celery.messages import heavy_kwargs
 from schedproj.on_celery.run_context import RunContext
 from schedproj.on_celery.run_records import swap_run
-from schedproj.store.lease import HeavyLease, Holder, OperatorRequest, SlotGroup
+from schedproj.core.pools import parse_pools
+from schedproj.store.lease import HeavyLease, Holder, OperatorRequest, PoolSlots, SlotGroup
 from schedproj.store.protocol import CounterKind, Keys, counter_field
 from tests.conftest import make_app, sent
 
@@ -85,6 +87,13 @@ def hold(client: redis.Redis, keys: Keys, pool: str, index: int, lane: str,
     return lease
 
 
+def declared_before(client: redis.Redis, keys: Keys, pools: str) -> None:
+    """The beat before the deploy declared ``pools``: it recorded them, as every beat does at
+    its first look at the slots, before it granted any (``PoolSlots``, lua/pools_declare.lua)."""
+    assert PoolSlots(client, keys, {p.name: p for p in parse_pools(pools)})
+    assert client.exists(keys.pools)
+
+
 def gpu_lanes(count: int) -> Callable[[Celery], None]:
     def declare(app: Celery) -> None:
         for n in range(count):
@@ -100,14 +109,13 @@ def journal(client: redis.Redis, keys: Keys) -> list[dict]:
 # -- resizing a pool down while its top slot is held ------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="a pool resized down (gpu=3 -> gpu=2) ignores runs on "
-                   "its slots past the new count: beat grants the new count beside them")
 def test_a_pool_resized_down_never_runs_more_than_its_slots(
         key_prefix: str, gpu_queue: redis.Redis, redis_client: redis.Redis) -> None:
     """docs/pools.md: 'an operator can resize a pool without a release' and 'at most N runs
     of a pool's lanes execute at once'. gpu was 3 slots; t.gpu-2 runs on slot 2; beat restarts
     with SCHEDPROJ_POOLS=gpu=2. The pool must not run three lanes at once."""
     keys = Keys(key_prefix)
+    declared_before(redis_client, keys, "gpu=3")
     running(redis_client, keys, "t.gpu-2", "alive-2", last_run_at=time.time() - 1)
     hold(redis_client, keys, "gpu", 2, "t.gpu-2", "alive-2")
     sched = FairScheduler(app=beat_app(key_prefix, gpu_lanes(3), "gpu=2"))
@@ -118,13 +126,12 @@ def test_a_pool_resized_down_never_runs_more_than_its_slots(
     assert len(holders) <= 2, f"a pool of 2 slots has {len(holders)} holders: {holders}"
 
 
-@pytest.mark.xfail(strict=True, reason="a run on a slot past a resized-down pool's count is "
-                   "recorded lost while it runs, and its lane is dispatched again beside it")
 def test_a_run_on_a_slot_past_a_resized_pool_is_neither_lost_nor_run_twice(
         key_prefix: str, gpu_queue: redis.Redis, redis_client: redis.Redis) -> None:
     """The lane holding slot 2 (pool shrunk to 2 slots) is due by cadence; its run is alive
     and renewing slot 2. Beat must neither record it lost nor send the lane again."""
     keys = Keys(key_prefix)
+    declared_before(redis_client, keys, "gpu=3")
     for lane in ("t.gpu-0", "t.gpu-1"):
         ran_recently(redis_client, keys, lane)  # not due: only t.gpu-2 is
     running(redis_client, keys, "t.gpu-2", "alive-2", last_run_at=time.time() - 600)
@@ -144,9 +151,6 @@ def test_a_run_on_a_slot_past_a_resized_pool_is_neither_lost_nor_run_twice(
 # -- a lane moved out of its pool while it runs (a rolling deploy) ----------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="a lane moved from pool gpu to the default pool while "
-                   "it runs on a gpu slot is recorded lost (judged on the heavy lease only); "
-                   "with gpu no longer declared it is also dispatched again on the lease")
 @pytest.mark.parametrize("gpu_still_declared", [True, False])
 def test_a_lane_moved_out_of_its_pool_while_running_is_not_lost_nor_run_twice(
         key_prefix: str, broker: redis.Redis, gpu_queue: redis.Redis,
@@ -155,6 +159,7 @@ def test_a_lane_moved_out_of_its_pool_while_running_is_not_lost_nor_run_twice(
     t.big in the default pool. Its run is alive (it renews its gpu slot): beat must not record
     it lost, and must not send t.big again while that run goes on."""
     keys = Keys(key_prefix)
+    declared_before(redis_client, keys, "gpu=2")
 
     def declare(app: Celery) -> None:
         app.task(shared=False, base=LaneTask, name="t.big", lane=Lane(cadence_s=60))(nothing)
@@ -367,3 +372,28 @@ def test_a_pool_stopped_by_a_broken_slot_is_not_reported_healthy(
     assert queued(gpu_queue, "gpu") == []
     later = observe(redis_client, keys, now=time.time() + UNDISPATCHED_AFTER_S + 5).health()
     assert later.posture is Posture.DEGRADED and later.undispatched == ("t.gpu-0",), later
+
+
+# -- the pools hash (derived state) lost or raced -------------------------------------------
+
+
+def test_a_lost_pools_hash_is_declared_again_and_another_beats_slots_are_read(
+        client: redis.Redis, keys: Keys) -> None:
+    """The pools hash is what lets a beat see slots past its declaration. Deleted, the next
+    read declares this beat's pools again; raised by another beat (gpu=4 while this one says
+    gpu=2), the next read includes slots 2 and 3, and a run holding slot 3 takes a place."""
+    slots = PoolSlots(client, keys, {p.name: p for p in parse_pools("gpu=2")})
+    assert slots and client.hgetall(keys.pools) == {"gpu": "2"}
+    client.delete(keys.pools)
+    assert slots.read() == {"gpu": [None, None]}
+    assert client.hgetall(keys.pools) == {"gpu": "2"}, "declared again"
+    declared_before(client, keys, "gpu=4")
+    hold(client, keys, "gpu", 3, "t.gpu-3", "alive-3")
+    read = slots.read()
+    assert [lease.task_id if lease else None for lease in read["gpu"]] == [None, None,
+                                                                          "alive-3"]
+    declared_before(client, keys, "gpu=1")  # a smaller declaration never lowers it
+    assert client.hgetall(keys.pools) == {"gpu": "4"}
+    client.hset(keys.pools, "gpu", "garbage")
+    assert slots.read()["gpu"][:2] == [None, None]
+    assert client.hget(keys.pools, "gpu") == "2", "garbage replaced by the declaration"
