@@ -21,12 +21,12 @@ from celery import Celery
 
 from schedproj import Lane, LaneTask
 from schedproj.core import lifecycle
+from schedproj.core.pools import parse_pools
 from schedproj.on_celery.beat import FairScheduler
 from schedproj.on_celery.keepalive import OPERATOR_STOP, LeaseRenewer
 from schedproj.on_celery.messages import heavy_kwargs
 from schedproj.on_celery.run_context import RunContext
 from schedproj.on_celery.run_records import swap_run
-from schedproj.core.pools import parse_pools
 from schedproj.store.lease import HeavyLease, Holder, OperatorRequest, PoolSlots, SlotGroup
 from schedproj.store.protocol import CounterKind, Keys, counter_field
 from tests.conftest import make_app, sent
