@@ -184,6 +184,34 @@ def test_a_lane_moved_out_of_its_pool_while_running_is_not_lost_nor_run_twice(
         lost, again, record)
 
 
+def test_a_lane_moved_into_a_pool_while_running_is_not_lost_nor_run_twice(
+        key_prefix: str, gpu_queue: redis.Redis, redis_client: redis.Redis) -> None:
+    """The other way: release N runs t.big under the heavy lease; release N+1 declares it in
+    pool gpu. Its run is alive (it renews the heavy lease): beat must not record it lost
+    (judging it on gpu's slots alone would), nor grant it a gpu slot while it runs."""
+    keys = Keys(key_prefix)
+
+    def declare(app: Celery) -> None:
+        app.task(shared=False, base=LaneTask, name="t.big",
+                 lane=Lane(cadence_s=60, pool="gpu"))(nothing)
+
+    running(redis_client, keys, "t.big", "alive-1", last_run_at=time.time() - 600)
+    lease = HeavyLease(redis_client, keys)
+    assert lease.acquire("t.big", "tok", 30.0, time.time(), task_id="alive-1").granted
+    assert lease.start("tok", 30.0, time.time(), lane="t.big", task_id="alive-1",
+                       holder=Holder("box", 1, "heavy@box#b#1"))[0]
+    sched = FairScheduler(app=beat_app(key_prefix, declare, "gpu=2"))
+    sched.tick()
+    sched.tick()
+    sched.close()
+    assert lease.read() is not None
+    lost = [e for e in journal(redis_client, keys) if e.get("ev") == "lost"]
+    again = [m["task"] for m in queued(gpu_queue, "gpu")]
+    record = json.loads(redis_client.hget(keys.lanes, "t.big|run"))
+    assert (lost, again, record.get("running_task_id")) == ([], [], "alive-1"), (
+        lost, again, record)
+
+
 # -- the worker runs a grant that does not match its lane's pool or slots ---------------------
 
 
