@@ -41,6 +41,8 @@ def effective_last_run(state: LaneState, cadence_s: float, now: float,
         # which is just due from then (see RunRecord.since): at its due ratio, or 1.
         since = state.run.since
         return None if since is None else min(since, now) - cadence_s * max(1.0, due_ratio)
+    if last <= now:
+        return last  # not ahead of beat's clock: taken as it is (what every branch below does)
     dispatched = state.sched.last_dispatch_at
     if dispatched is None:
         # No dispatch of beat's to anchor a cap on (a lost or hand-made sched record). Up to

@@ -64,8 +64,11 @@ class Decision:
 
     @property
     def dispatched(self) -> tuple[str, ...]:
-        return (((self.winner,) if self.winner else ())
-                + tuple([g.lane for g in self.pool_grants]) + self.also_dispatched)
+        winner, grants = self.winner, self.pool_grants
+        if not grants:  # (the usual tick: no pool beyond the default)
+            return (winner, *self.also_dispatched) if winner else self.also_dispatched
+        return (((winner,) if winner else ()) + tuple([g.lane for g in grants])
+                + self.also_dispatched)
 
 
 _SORT_KEY = attrgetter("order", "name")

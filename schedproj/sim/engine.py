@@ -37,7 +37,7 @@ from schedproj.core.due import (
     staleness,
 )
 from schedproj.core.dueindex import next_look, waits_for_lease
-from schedproj.core.frozen import evolve
+from schedproj.core.frozen import evolve, is_plain
 from schedproj.core.lanes import LaneSpec, enabled_under
 from schedproj.core.picker import Policy, pick
 from schedproj.core.pipeline import Decision
@@ -45,7 +45,6 @@ from schedproj.core.planner import Plan, TickInput, plan_tick
 from schedproj.core.pools import DEFAULT_POOL, pools_by_name
 from schedproj.core.pressure import HOLD_CAP, Pressure, measure, yield_reason
 from schedproj.core.records import (
-    EMPTY_STATE,
     LaneState,
     LeaseView,
     Outcome,
@@ -56,6 +55,11 @@ from schedproj.core.views import is_in_flight
 from schedproj.sim.index import LOOK_SLACK_S, LaneIndex, Planning, Rank, check_plans
 from schedproj.sim.model import Arrival, Durations, LaneModel, Scenario, SimError, Variant
 from schedproj.sim.pools import lease_decision, pool_pressure
+
+_new = object.__new__
+assert is_plain(LaneState)  # _Lane.state builds it as its __init__ would
+#: A lease of the defaults the simulation does not set (lane and token are always set).
+_NO_LEASE = LeaseView(lane="", token="", fence=0, granted_at=0.0)
 
 #: A simulation that needs more decisions than this is stopped (a modelling error, not a run).
 MAX_DECISIONS = 5_000_000
@@ -225,7 +229,11 @@ class _Lane:
     def state(self) -> LaneState:
         if self._state is None:
             # LaneState(run=, sched=) without the frozen dataclass __init__ (core.frozen).
-            self._state = evolve(EMPTY_STATE, run=self.run, sched=self.sched)
+            state = self._state = _new(LaneState)
+            d = state.__dict__
+            d["run"] = self.run
+            d["sched"] = self.sched
+            return state
         return self._state
 
     def set_run(self, run: RunRecord) -> None:
@@ -653,10 +661,11 @@ class Simulation:
         index = self.index
         # Lanes planned always need no filing: the plan's own next_due_in_s covers them; a
         # waiting lane planned as a leader and unchanged stays where it is.
-        waiting, dirty = index.waiting, index.dirty
-        filed = dirty.union(n for n in plan.states if n not in waiting)
-        for name in filed.difference(self.always):
-            self._file(self.by_name[name], t)
+        waiting, dirty, always = index.waiting, index.dirty, self.always
+        filed = dirty.union([n for n in plan.states if n not in waiting])
+        by_name = self.by_name
+        for name in filed.difference(always) if always else filed:
+            self._file(by_name[name], t)
         index.dirty.clear()
         wake = index.next_wake()
         if wake is not None:
@@ -681,7 +690,10 @@ class Simulation:
             self.backlogged.discard(rt.name)
         if spec.heavy and ((self.lease is not None and self.lease.lane == rt.name)
                            or rt.name in self.pool_runs):
-            self.index.file(rt.name, t, None, t)  # a holder: planned while it holds
+            # A holder: planned while it holds. Filed once (refiling an active lane moves
+            # nothing: no look or wake of it is pending).
+            if rt.name not in self.index.active:
+                self.index.file(rt.name, t, None, t)
             return
         if not spec.heavy and is_in_flight(state, t):
             self.index.file(rt.name, next_look(spec, state, t), None, t)
@@ -716,6 +728,8 @@ class Simulation:
 
     def _track_gates(self, decision: Decision, t: float) -> None:
         """When did a light lane's gate stop deferring it? (For the dispatch delay.)"""
+        if not (decision.also_dispatched or decision.deferred):
+            return
         expired = dict(decision.expired_gates)
         for name in decision.also_dispatched:
             rt = self.by_name[name]
@@ -790,8 +804,10 @@ class Simulation:
             self.idle_due_s += max(0.0, t - max(self.lease_free_since, min(dues)))
         self.fence += 1
         self.published = []
-        self.lease = LeaseView(lane=rt.name, token=f"sim-{self.fence}", fence=self.fence,
-                               granted_at=t, started_at=t, task_id=task_id)
+        # LeaseView(lane=, token=, fence=, granted_at=, started_at=, task_id=), built fast
+        # (core.frozen): one per heavy run.
+        self.lease = evolve(_NO_LEASE, lane=rt.name, token=f"sim-{self.fence}",
+                            fence=self.fence, granted_at=t, started_at=t, task_id=task_id)
         self.lease_start = t
         self._begin_heavy(rt, task_id, t)
 

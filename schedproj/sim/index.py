@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
 from enum import StrEnum
+from typing import NamedTuple
 
 from schedproj.core.planner import Plan
 from schedproj.core.pools import DEFAULT_POOL
@@ -47,12 +47,12 @@ class Planning(StrEnum):
     CHECK = "check"
 
 
-@dataclass(frozen=True)
-class Rank:
+class Rank(NamedTuple):
     """How the picker ranks a lane waiting for the lease (or a slot of its pool), fixed
     while it waits: its pool, priority-0 tier, cadence and weight (its group), its last run
     as the staleness ratio counts it (None: never ran, maximally stale), its declared order
-    and name."""
+    and name. (A named tuple: one is built for every lane filed as waiting, and a frozen
+    dataclass's ``__init__`` costs three times as much.)"""
 
     tier: int
     cadence_s: float
@@ -159,11 +159,11 @@ class LaneIndex:
             return [lane for lanes in found.values() for _, _, lane in lanes]
         out: list[str] = []
         for pool, lanes in found.items():
-            lanes.sort(key=lambda x: (x[0], -x[1]))
-            walk = self.walks.get(pool, 1)
-            if len(lanes) <= walk:
+            walk = walks.get(pool, 1)
+            if len(lanes) <= walk:  # all of them (in no order: the caller takes a set)
                 out.extend([lane for _, _, lane in lanes])
                 continue
+            lanes.sort(key=lambda x: (x[0], -x[1]))
             tier, last = lanes[walk - 1][0], lanes[walk - 1][1]
             floor = _floor(last)
             out.extend([lane for i, (t, r, lane) in enumerate(lanes)
