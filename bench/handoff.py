@@ -172,7 +172,7 @@ HANDOFF_PATH = (
     ("planned", "planned", "beat", "memory, focus, plan_tick"),
     ("granted", "granted", "beat", "the heavy lease granted (one Lua call)"),
     ("recorded", "recorded", "beat", "the dispatch recorded with the due index (one Lua "
-                                     "call)"),
+                                     "call; with the grant since issue 23: 3)"),
     ("send_entry", "send_entry", "beat", "deferral logs, counters, the LaneEntry"),
     ("publish", "publish", "beat", "Celery's apply_entry and apply_async building the "
                                    "message (the send logged)"),

@@ -118,6 +118,7 @@ def install(directory: str) -> None:
     _around(LaneStore, "tick_snapshot", after="snapshot")
     _around(LaneStore, "write_sched", after="recorded")
     _around(HeavyLease, "acquire", after="granted")
+    _around(HeavyLease, "acquire_and_write", after="recorded")  # granted and recorded at once
     _around(HeavyLease, "start", after="lease_started")
     _around(HeavyLease, "start_marked", after="lease_started")
     _around(LaneTask, "_mark_running", after="marked")

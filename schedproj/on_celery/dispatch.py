@@ -89,16 +89,20 @@ class Dispatcher:
             self.memory.reset()
             raise BeatLockLost("the tick outlived the beat lock before recording the dispatch")
         self.granted, self.granted_slots = None, {}
-        plan, grant_kwargs = self._grant(plan, snap.lock.fence)
-        grants: dict[str, dict[str, Any]] = {}
-        if grant_kwargs and plan.decision.winner is not None:
-            grants[plan.decision.winner] = grant_kwargs
-        try:
-            plan = self._grant_slots(plan, snap.lock.fence, slots or {}, grants)
-        except BeatLockLost:
-            self._release_all(grants)
-            raise
-        looks = self._record(plan, snap, grants, slots)
+        together = self._grant_and_record(plan, snap, slots) if not plan.pool_sends else None
+        if together is not None:
+            grants, looks = together
+        else:
+            plan, grant_kwargs = self._grant(plan, snap.lock.fence)
+            grants = {}
+            if grant_kwargs and plan.decision.winner is not None:
+                grants[plan.decision.winner] = grant_kwargs
+            try:
+                plan = self._grant_slots(plan, snap.lock.fence, slots or {}, grants)
+            except BeatLockLost:
+                self._release_all(grants)
+                raise
+            looks = self._record(plan, snap, grants, slots)
         self.before_send(plan)
         _log_deferrals(plan.new_deferrals, plan.decision)
         _log_misses(plan.misses)
@@ -135,6 +139,49 @@ class Dispatcher:
             self.memory.reset()
             raise BeatLockLost("beat lock lost before recording the dispatch")
         return looks
+
+    def _grant_and_record(self, plan: Plan, snap: Snapshot,
+                          slots: Mapping[str, Sequence[LeaseView | None]] | None,
+                          ) -> tuple[dict[str, dict[str, Any]], dict[str, float]] | None:
+        """The heavy lease granted to the plan's winner and the plan recorded in one call
+        (the hand-off's path: one round trip fewer), the records written only with the grant.
+        Returns the grants and the looks; None when the plan has no heavy winner, or the grant
+        was refused or failed (nothing recorded: the caller grants and records apart, and
+        says why as it always did). Raises :class:`BeatLockLost` if this beat lost its lock."""
+        heavy = plan.heavy
+        if heavy is None:
+            return None
+        token = uuid.uuid4().hex
+        grants = {heavy.lane: heavy_kwargs(token, 0, snap.lock.fence)}
+        states = with_changes(plan.states, plan.changes)
+        looks, waiting = self._looks(plan, states, snap)
+        # What settle (below, once granted) returns: the looks the index does not hold.
+        writes = {lane: look for lane, look in looks.items()
+                  if self.memory.scores.get(lane) != look}
+        try:
+            grant, written = self.rt.lease.acquire_and_write(
+                heavy.lane, token, self.settings.start_deadline_s, plan.now,
+                task_id=heavy.task_id, beat_token=self.token,
+                write=self.rt.store.sched_write(self.token, plan.changes, writes))
+        except redis.ResponseError:
+            # A bad key on either side; the grant may have been made before the write failed.
+            with contextlib.suppress(redis.ResponseError):
+                self.rt.lease.release(token)
+            return None
+        if grant.not_active_beat or written == -1:
+            if grant.granted:
+                self.rt.lease.release(token)
+            self.memory.reset()
+            raise BeatLockLost("beat lock lost before granting the heavy lease")
+        if not grant.granted:
+            return None
+        self.refused.pop("heavy grant", None)
+        self.granted = LeaseView(lane=heavy.lane, token=token, fence=grant.fence,
+                                 granted_at=plan.now, task_id=heavy.task_id)
+        grants[heavy.lane] = heavy_kwargs(token, grant.fence, snap.lock.fence)
+        self.memory.settle(looks, plan.now, token, waiting, states,
+                           holds=None if slots is None else holds_after(slots, grants))
+        return grants, looks
 
     def _release_all(self, grants: Mapping[str, dict[str, Any]]) -> None:
         for kwargs in grants.values():

@@ -440,18 +440,25 @@ class LaneStore:
         together; False (nothing written) if this beat lost the lock."""
         if not records and not looks:
             return True
+        keys, args = self.sched_write(beat_token, records, looks)
+        return int(self._guarded_hset(keys=keys, args=args)) >= 0
+
+    def sched_write(self, beat_token: str, records: Mapping[str, SchedRecord],
+                    looks: Mapping[str, float] | None = None) -> tuple[list[str], list[str]]:
+        """:meth:`write_sched`'s call (``lua/guarded_hset.lua``'s keys and arguments), for a
+        script that runs it with another (``HeavyLease.acquire_and_write``)."""
         args: list[str] = [beat_token, STAMP_MEMBER, str(len(records))]
         if len(self._written) > WRITTEN_MEMO_MAX:
             self._written.clear()
         for lane, record in records.items():
             fld, raw = sched_field(lane), encode(record)
             args += [fld, raw]
+            # Remembered before it is known written: a read back is compared with it, so an
+            # entry never written only costs that read its decoding.
             self._written[fld] = (raw, record)
         for lane, look in (looks or {}).items():
             args += [lane, repr(float(look))]
-        n = self._guarded_hset(keys=[self.keys.beat_lock, self.keys.lanes, self.keys.due,
-                                     self.keys.due_stamp], args=args)
-        return int(n) >= 0
+        return [self.keys.beat_lock, self.keys.lanes, self.keys.due, self.keys.due_stamp], args
 
     def clear_inflight(self, beat_token: str, lane: str) -> None:
         """Forget a dispatch whose message never left, so the lane is due again next tick."""

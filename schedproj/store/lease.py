@@ -17,6 +17,7 @@ import contextlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import redis
 
@@ -159,6 +160,7 @@ class HeavyLease:
         self.grants_field = pool_acquisitions(keys.pool if isinstance(keys, SlotKeys)
                                               else DEFAULT_POOL)
         self._acquire = scripts.register(client, "lease_acquire")
+        self._grant_record = scripts.register(client, "lease_grant_record")
         self._start = scripts.register(client, "lease_start")
         self._renew = scripts.register(client, "lease_renew")
         self._release = scripts.register(client, "lease_release")
@@ -168,14 +170,36 @@ class HeavyLease:
                 beat_token: str = "") -> Grant:
         """Grant the lease to ``lane`` unless held; with ``beat_token`` only for the active
         beat."""
+        keys, args = self._acquire_call(lane, token, ttl_s, now, task_id, beat_token)
+        return self._grant_of(self._acquire(keys=keys, args=args))
+
+    def acquire_and_write(self, lane: str, token: str, ttl_s: float, now: float, *,
+                          task_id: str, beat_token: str,
+                          write: tuple[list[str], list[str]]) -> tuple[Grant, int]:
+        """:meth:`acquire` (for the active beat ``beat_token``) and, only if granted, the
+        guarded write ``write`` (``LaneStore.sched_write``'s keys and arguments) in the same
+        call (``lua/lease_grant_record.lua``): the grant and the dispatch it is for recorded
+        in one round trip. Returns the grant and the write's answer (fields written, -1 not
+        the lock's holder, -2 not run: the grant refused)."""
+        keys, args = self._acquire_call(lane, token, ttl_s, now, task_id, beat_token)
+        grant, written = self._grant_record(
+            keys=[*keys, *write[0]], args=[len(keys), len(args), *args, *write[1]])
+        return self._grant_of(grant), int(written)
+
+    def _acquire_call(self, lane: str, token: str, ttl_s: float, now: float, task_id: str,
+                      beat_token: str) -> tuple[list[str], list[Any]]:
+        """``lua/lease_acquire.lua``'s keys and arguments."""
         # A slot of a pool also bumps the pool's last fence (see lua/lease_acquire.lua).
         pool_fence = [self.keys.pool_fence] if isinstance(self.keys, SlotKeys) else []
-        code, value = self._acquire(
-            keys=[self.keys.lease, self.keys.lease_fence, self.keys.beat_lock,
-                  self.keys.counters, self.keys.epoch, *pool_fence],
-            args=[token, lane, _ms(ttl_s), repr(now), task_id, beat_token, int(now * 1000),
-                  STATE_VERSION, self.grants_field],
-        )
+        return ([self.keys.lease, self.keys.lease_fence, self.keys.beat_lock,
+                 self.keys.counters, self.keys.epoch, *pool_fence],
+                [token, lane, _ms(ttl_s), repr(now), task_id, beat_token, int(now * 1000),
+                 STATE_VERSION, self.grants_field])
+
+    @staticmethod
+    def _grant_of(reply: Any) -> Grant:
+        """``lua/lease_acquire.lua``'s answer as a :class:`Grant`."""
+        code, value = reply
         if int(code) == 1:
             return Grant(granted=True, fence=int(value))
         if int(code) == -1:

@@ -550,3 +550,62 @@ def test_a_lanes_hash_of_the_wrong_type_reads_as_changed(
     reply = _start_marked(lease, owner, _mark(keys, None, "new", grant.fence))
     assert (reply.ok, reply.marked, reply.stored) == (True, False, None)
     assert client.get(keys.lanes) == "garbage"
+
+
+# -- the grant and the dispatch's record in one call (issue 23: 3) ----------------------------
+
+
+def _write(client: redis.Redis, keys: Keys, beat: str) -> tuple[list[str], list[str]]:
+    from schedproj.core.records import SchedRecord
+    store = LaneStore(client, keys)
+    return store.sched_write(beat, {LANE: SchedRecord(inflight_task_id="task-1")},
+                             {LANE: 123.0})
+
+
+def _beat(client: redis.Redis, keys: Keys) -> str:
+    beat = token()
+    assert LaneStore(client, keys).snapshot(beat, LONG_TTL).lock.held
+    return beat
+
+
+def test_the_grant_and_its_record_are_written_together(lease: HeavyLease, client: redis.Redis,
+                                                         keys: Keys) -> None:
+    from schedproj.store.protocol import sched_field
+    beat = _beat(client, keys)
+    grant, written = lease.acquire_and_write(LANE, token(), LONG_TTL, time.time(),
+                                             task_id="task-1", beat_token=beat,
+                                             write=_write(client, keys, beat))
+    assert grant.granted and written == 1
+    assert "task-1" in client.hget(keys.lanes, sched_field(LANE))
+    view = lease.read()
+    assert view is not None and view.fence == grant.fence and view.task_id == "task-1"
+
+
+def test_a_refused_grant_records_nothing(lease: HeavyLease, client: redis.Redis,
+                                         keys: Keys) -> None:
+    from schedproj.store.protocol import sched_field
+    beat = _beat(client, keys)
+    held = lease.acquire("other", token(), LONG_TTL, time.time(), beat_token=beat)
+    assert held.granted
+    grant, written = lease.acquire_and_write(LANE, token(), LONG_TTL, time.time(),
+                                             task_id="task-1", beat_token=beat,
+                                             write=_write(client, keys, beat))
+    assert (grant.granted, grant.holder, written) == (False, "other", -2)
+    assert client.hget(keys.lanes, sched_field(LANE)) is None
+    # Not the active beat: neither granted nor written.
+    client.delete(keys.lease)
+    grant, written = lease.acquire_and_write(LANE, token(), LONG_TTL, time.time(),
+                                             task_id="task-1", beat_token="not-the-beat",
+                                             write=_write(client, keys, "not-the-beat"))
+    assert grant.not_active_beat and written == -2
+    assert client.hget(keys.lanes, sched_field(LANE)) is None and lease.read() is None
+
+
+def test_a_garbage_fence_counter_is_refused_with_its_key_named(
+        lease: HeavyLease, client: redis.Redis, keys: Keys) -> None:
+    beat = _beat(client, keys)
+    client.set(keys.lease_fence, "garbage")
+    with pytest.raises(redis.ResponseError, match=keys.lease_fence):
+        lease.acquire_and_write(LANE, token(), LONG_TTL, time.time(), task_id="task-1",
+                                beat_token=beat, write=_write(client, keys, beat))
+    assert lease.read() is None
