@@ -281,7 +281,9 @@ def gate_facts(sc: Scenario, known: Mapping[str, Fact]) -> dict[str, Fact]:
 
 
 def family_fact(known: Mapping[str, Fact], family: str) -> Fact | None:
-    """A gate naming a family blocks while a schedulable member would block it."""
+    """A gate naming a family blocks while a member would block it as a lane: ``known`` is
+    what gates see (:func:`gate_facts`), so a paused member that runs counts, as a paused
+    blocker that runs does (docs/guarantees.md)."""
     members = [f for f in known.values() if f.spec.family == family]
     if not members:
         return None
@@ -321,7 +323,7 @@ def holding_gate(sc: Scenario, name: str,
     previous = sc.state(name).sched.deferral
     lapsed: list[Gate] = []
     for gate in sc.spec(name).gates:
-        if not gate_blocks(gate, seen.get(gate.blocker, family_fact(known, gate.blocker))):
+        if not gate_blocks(gate, seen.get(gate.blocker, family_fact(seen, gate.blocker))):
             continue
         clock = gate_clock(previous, gate.blocker)
         if gate.max_defer_s is not None and clock is not None and (
@@ -348,7 +350,7 @@ def judged_by_gates(sc: Scenario, known: Mapping[str, Fact]) -> dict[str, Gate]:
 def gated(sc: Scenario, name: str, known: Mapping[str, Fact]) -> bool:
     """Some gate of the lane blocks right now (ignoring max_defer_s, which can only release)."""
     seen = gate_facts(sc, known)
-    return any(gate_blocks(g, seen.get(g.blocker, family_fact(known, g.blocker)))
+    return any(gate_blocks(g, seen.get(g.blocker, family_fact(gate_facts(sc, known), g.blocker)))
                for g in sc.spec(name).gates)
 
 
@@ -488,7 +490,7 @@ def test_deferrals_are_well_formed(sc: Scenario) -> None:
             # A gate deferral names a gate of the lane whose blocker blocks right now.
             assert any(g.blocker == d.blocker and g.reason is d.reason
                        and gate_blocks(g, gate_facts(sc, known).get(
-                           g.blocker, family_fact(known, g.blocker)))
+                           g.blocker, family_fact(gate_facts(sc, known), g.blocker)))
                        for g in f.spec.gates)
     # A due, idle lane is either dispatched or deferred (or a winner that could not be sent).
     accounted = set(decision.dispatched) | set(lanes)
@@ -518,8 +520,9 @@ def test_expired_gates_are_streaks_past_max_defer(sc: Scenario) -> None:
     decision = sc.decide()
     for name, gate in decision.expired_gates:
         assert gate in sc.spec(name).gates
+        seen = gate_facts(sc, known)
         assert gate.max_defer_s is not None and gate_blocks(
-            gate, gate_facts(sc, known).get(gate.blocker, family_fact(known, gate.blocker)))
+            gate, seen.get(gate.blocker, family_fact(seen, gate.blocker)))
         current = sc.state(name).sched.deferral
         assert current is not None and current.blocker == gate.blocker
         assert sc.now - current.since >= gate.max_defer_s
