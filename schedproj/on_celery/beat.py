@@ -450,6 +450,9 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
             e.health.healed(snap.broken)
             e.memory.reset()
             e.rt.store.heal_derived(self.token, e.lanes.lanes.names, rescore=True)
+            # The entries' derived keys too (their index, listing, and a changed mark the
+            # heal of the changed set dropped), at the entries' step of this tick.
+            e.entries.reconcile()
             self._reconciled_at = now
             healed = self._snapshot(now, cursor=None)
             e.health.report({**healed.broken, **{k: snap.broken[k] for k in derived}})
