@@ -35,6 +35,15 @@ from schedproj.core.schedules import (
 
 #: Format version of an entry's state (a field of ``<prefix>:entries``).
 ENTRY_STATE_VERSION = 1
+#: What separates, in a schedule key, the schedule from the settings that change when it fires
+#: (a crontab's own zone and catch-up window: ``on_celery.entries.entry_key``).
+KEY_SETTINGS = " | "
+#: The schedule-key format a state is written with: 2 since keys name a crontab's own zone
+#: and window. A state of format 1 (written before, ``"key_format"`` absent) whose key is the
+#: schedule alone still measures from that schedule with whatever settings it has now: an
+#: upgrade does not make such entries count from now (their state is rewritten as format 2
+#: at their first look).
+KEY_FORMAT = 2
 #: Format version of a runtime entry's definition (a field of ``<prefix>:entries:defs``).
 ENTRY_DEF_VERSION = 1
 #: A paused entry is looked at again this often (seconds): a resume marks it for a look at
@@ -73,6 +82,8 @@ class EntryState:
     missed_through: float | None = None
     #: How many fire times it skipped so, in all.
     missed: int = 0
+    #: Its ``schedule_key``'s format (:data:`KEY_FORMAT`; 1: written before keys named zones).
+    key_format: int = KEY_FORMAT
 
     def encode(self) -> str:
         payload: dict[str, Any] = {"last_run_at": self.last_run_at,
@@ -80,6 +91,8 @@ class EntryState:
                                    "schedule_key": self.schedule_key}
         if self.missed_through is not None:   # only calendar entries that missed carry these
             payload.update(missed_through=self.missed_through, missed=self.missed)
+        # Always the current format: an older beat reading it ignores the field.
+        payload["key_format"] = KEY_FORMAT
         return codec.dumps(payload, ENTRY_STATE_VERSION)
 
     @classmethod
@@ -88,6 +101,7 @@ class EntryState:
         last, count, key = (data.get("last_run_at"), data.get("total_run_count", 0),
                             data.get("schedule_key", ""))
         through, missed = data.get("missed_through"), data.get("missed", 0)
+        key_format = data.get("key_format", 1)
         if not _is_time(last):
             raise StateError(where, f"last_run_at must be a time in epoch seconds, not {last!r}")
         if not isinstance(count, int) or isinstance(count, bool) or count < 0:
@@ -98,8 +112,18 @@ class EntryState:
             raise StateError(where, f"missed_through must be a time or null, not {through!r}")
         if not isinstance(missed, int) or isinstance(missed, bool) or missed < 0:
             raise StateError(where, f"missed must be a count, not {missed!r}")
+        if not isinstance(key_format, int) or isinstance(key_format, bool):
+            raise StateError(where, f"key_format must be an integer, not {key_format!r}")
         return cls(last_run_at=float(last), total_run_count=count, schedule_key=key,
-                   missed_through=None if through is None else float(through), missed=missed)
+                   missed_through=None if through is None else float(through), missed=missed,
+                   key_format=key_format)
+
+    def measures_from(self, key: str) -> bool:
+        """Whether this state measures from the schedule whose key is ``key``: the same key,
+        or a format-1 key naming the same schedule (:data:`KEY_FORMAT`)."""
+        return self.schedule_key == key or (
+            self.key_format < 2 and key.startswith(self.schedule_key + KEY_SETTINGS)
+            and KEY_SETTINGS not in self.schedule_key)
 
 
 def _is_time(value: Any) -> TypeGuard[float]:
@@ -179,6 +203,9 @@ class EntryClaim:
     next_look: float
     #: Sent because an operator asked (``schedproj run``), not because it was due.
     forced: bool = False
+    #: The state it was judged from (None: a start or record, not a claim): what an undone
+    #: claim puts back, so the due time stays due.
+    before: EntryState | None = None
 
 
 @dataclass(frozen=True)
@@ -210,13 +237,19 @@ class EntryPlan:
 def plan_entries(looked: Iterable[str], raw_states: Mapping[str, str | None],
                  timings: Mapping[str, Timing], schedule_keys: Mapping[str, str], now: float,
                  *, paused: frozenset[str] = frozenset(), forced: frozenset[str] = frozenset(),
-                 max_look_s: float = RECHECK_S, where: str = "entries") -> EntryPlan:
+                 max_look_s: float = RECHECK_S, where: str = "entries",
+                 remembered: Mapping[str, tuple[float, int]] = {}) -> EntryPlan:
     """Decide, for each entry looked at, whether it is sent now and when it is looked at next.
 
     ``raw_states`` holds each entry's stored state as read (None: none stored); the claims
-    carry it back for the compare-and-set. An entry with no usable state, or one measured
+    carry it back for the compare-and-set. An entry with no state stored, or one measured
     from another schedule, starts from ``now`` (sent only if due at once, or forced; a one-off
-    instant starts from just before its instant, :meth:`CalendarTiming.counts_from`). A paused
+    instant starts from just before its instant, :meth:`CalendarTiming.counts_from`); one whose
+    state is unreadable starts from ``now`` whatever its schedule (it ran before: a spent
+    one-off stays spent). ``remembered`` holds, by entry, the last run and run count the
+    caller last read or wrote under this schedule (the beat's memory): where the stored state
+    is missing, unreadable or older (Redis restored from an older copy), the entry is judged
+    from what is remembered and that is written back, so no due time is sent twice. A paused
     entry is never sent. A calendar entry's newly missed fire times are recorded in its state.
     Next looks are capped at ``max_look_s`` from now (see :data:`RECHECK_S`).
     """
@@ -229,31 +262,47 @@ def plan_entries(looked: Iterable[str], raw_states: Mapping[str, str | None],
                 plan.removed.append(name)
             continue
         _plan_one(plan, name, raw, timing, schedule_keys.get(name, ""), where,
-                  paused=name in paused, forced=name in forced)
+                  paused=name in paused, forced=name in forced, memory=remembered.get(name))
     return EntryPlan(claims=tuple(plan.claims), looks=plan.looks, starts=tuple(plan.starts),
                      removed=tuple(plan.removed), errors=plan.errors, judged=plan.judged,
                      records=tuple(plan.records), missed=plan.missed)
 
 
 def _plan_one(plan: _PlanBuilder, name: str, raw: str | None, timing: Timing, key: str,
-              where: str, *, paused: bool, forced: bool) -> None:
+              where: str, *, paused: bool, forced: bool,
+              memory: tuple[float, int] | None = None) -> None:
     now = plan.now
-    state = _usable_state(name, raw, key, where, plan.errors)
+    state, unreadable = _usable_state(name, raw, key, where, plan.errors)
     fresh = state is None
+    # Written back even if not sent: the stored state is behind what was remembered, or its
+    # key is of the earlier format (rewritten in the current one).
+    behind = False
     if state is not None:
         plan.judged[name] = state
+        if state.schedule_key != key or state.key_format < KEY_FORMAT:
+            state, behind = replace(state, schedule_key=key, key_format=KEY_FORMAT), True
+    if memory is not None and ((state is None and (raw is None or unreadable)) or (
+            state is not None and memory[0] > state.last_run_at)):
+        last, runs = memory
+        state = (EntryState(last, runs, key) if state is None else
+                 replace(state, last_run_at=last, total_run_count=max(runs,
+                                                                      state.total_run_count)))
+        behind = behind or not fresh
+        if unreadable:
+            plan.errors[name] = plan.errors[name].replace(
+                "a state counting from now", "the state this beat remembers")
     judged = state or EntryState(now, schedule_key=key)
     try:
         calendar = calendar_of(timing)   # a calendar the entry names wrongly raises here
-        if calendar is not None and fresh:
+        if calendar is not None and state is None and not unreadable:
             judged = replace(judged, last_run_at=calendar.counts_from(now))
         if paused:
-            plan.wait(name, raw, judged, fresh, PAUSED_LOOK_S)
+            plan.wait(name, raw, judged, fresh, PAUSED_LOOK_S, changed=behind)
             return
         verdict = _judge(timing, calendar, judged, now, plan.max_look_s)
     except Exception as exc:  # a user's schedule: whatever it raises is its error
         plan.errors[name] = f"schedule of entry {name!r} raised {type(exc).__name__}: {exc}"
-        plan.wait(name, raw, judged, fresh, BROKEN_LOOK_S)
+        plan.wait(name, raw, judged, fresh, BROKEN_LOOK_S, changed=behind)
         return
     if verdict.missed is not None:
         through, count = verdict.missed
@@ -265,9 +314,10 @@ def _plan_one(plan: _PlanBuilder, name: str, raw: str | None, timing: Timing, ke
             timing, calendar, now, verdict.next_s)
         # Compared against what Redis holds (``raw``), whether or not it was usable.
         plan.claims.append(EntryClaim(name, raw, sent, plan.look_in(next_s),
-                                      forced=not verdict.due))
+                                      forced=not verdict.due, before=judged))
     else:
-        plan.wait(name, raw, judged, fresh, verdict.next_s, changed=verdict.missed is not None)
+        plan.wait(name, raw, judged, fresh, verdict.next_s,
+                  changed=behind or verdict.missed is not None)
 
 
 def _judge(timing: Timing, calendar: CalendarTiming | None, state: EntryState, now: float,
@@ -309,10 +359,11 @@ class _PlanBuilder:
 
 
 def _usable_state(name: str, raw: str | None, key: str, where: str,
-                  errors: dict[str, str]) -> EntryState | None:
-    """The stored state if it can be judged from: readable and measured from this schedule."""
+                  errors: dict[str, str]) -> tuple[EntryState | None, bool]:
+    """The stored state if it can be judged from (readable and measured from this schedule),
+    and whether it was unreadable."""
     if raw is None:
-        return None
+        return None, False
     try:
         state = EntryState.decode(raw, f"{where} field {name!r}")
     except StateError as exc:
@@ -320,8 +371,8 @@ def _usable_state(name: str, raw: str | None, key: str, where: str,
         # sends a due time twice, and the entry keeps running.
         errors[name] = (f"state of entry {name!r} at {exc.key} was unreadable "
                         f"({exc.problem}); replaced by a state counting from now")
-        return None
-    return state if state.schedule_key == key else None
+        return None, True
+    return (state if state.measures_from(key) else None), False
 
 
 def _after_forced_run(timing: Timing, calendar: CalendarTiming | None, now: float,
@@ -473,6 +524,8 @@ __all__ = [
     "BROKEN_LOOK_S",
     "ENTRY_DEF_VERSION",
     "ENTRY_STATE_VERSION",
+    "KEY_FORMAT",
+    "KEY_SETTINGS",
     "MIN_LOOK_S",
     "PAUSED_LOOK_S",
     "RECHECK_S",

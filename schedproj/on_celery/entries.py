@@ -28,6 +28,7 @@ from bisect import bisect_left
 from collections import ChainMap
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableSequence
 from datetime import UTC, datetime, timedelta
+from itertools import chain
 from types import MappingProxyType
 from typing import Any
 
@@ -37,6 +38,7 @@ from celery.schedules import BaseSchedule, crontab, maybe_schedule, schedule
 
 from schedproj.core.calendar import CalendarError, CronSchedule
 from schedproj.core.entries import (
+    KEY_SETTINGS,
     CalendarTiming,
     EntryClaim,
     EntryDefinition,
@@ -60,6 +62,13 @@ BACKEND_CLEANUP = "celery.backend_cleanup"
 TICK_BUDGET_S = 0.5
 #: A send that failed is tried again this soon (seconds): its due time stays due.
 RESEND_AFTER_S = 1.0
+#: After Redis refused an entries command (a key of the wrong type, out of memory), the
+#: entries step is tried again this soon (seconds), until the cause is fixed; lanes go on.
+REFUSED_RETRY_S = 1.0
+#: The due index or the listing found short of the entries beat runs (lost, or a member
+#: removed) is healed at once, and again at most this often (seconds): each heal writes every
+#: entry, so a mismatch that persisted (it should not) never costs that every tick.
+REPAIR_EVERY_S = 60.0
 #: The key of a ``beat_schedule`` entry's ``options`` that holds what schedproj reads of it
 #: (``timezone``, ``catchup_window_s``); it is not sent with the message.
 OWN_OPTIONS = "schedproj"
@@ -160,9 +169,9 @@ class LoadedEntry:
     while beat runs; a ``beat_schedule`` entry's is made when a tick needs it
     (:class:`CodeEntries`)."""
 
-    __slots__ = ("_calendar", "_key", "args", "copy_for", "deadline", "kwargs", "last_run_at",
-                 "name", "options", "own", "raw", "runs", "schedule", "source", "task", "tz",
-                 "zone")
+    __slots__ = ("_base", "_calendar", "_key", "args", "copy_for", "deadline", "kwargs",
+                 "last_run_at", "name", "options", "own", "raw", "runs", "schedule", "source",
+                 "task", "tz", "zone")
 
     def __init__(self, name: str, task: str, sched: BaseSchedule, *, args: Any = (),
                  kwargs: Any = None, options: Any = None, source: str, tz: Any,
@@ -181,6 +190,7 @@ class LoadedEntry:
         self.copy_for = app
         self.args, self.kwargs, self.options = args, kwargs or _EMPTY, options or _EMPTY
         self._key: str | None = None
+        self._base: str | None = None
         self.tz = tz
         #: A runtime entry's stored definition (to see it change); "" for the code's.
         self.raw = raw
@@ -200,14 +210,23 @@ class LoadedEntry:
                 zone, own_window = own_settings(self.own, zone)
                 window = own_window if own_window is not None else window
             self._calendar = CalendarTiming(
-                cron_fire_times(self.schedule, self.schedule_key, zone), window)
+                cron_fire_times(self.schedule, self.base_key, zone), window)
         return self._calendar
 
     @property
+    def base_key(self) -> str:
+        """:func:`schedule_key` of its schedule alone, made when first asked (a ``repr``):
+        what operators are shown."""
+        if self._base is None:
+            self._base = schedule_key(self.schedule)
+        return self._base
+
+    @property
     def schedule_key(self) -> str:
-        """:func:`schedule_key` of its schedule, made when first asked (a ``repr``)."""
+        """What its state measures from (:func:`entry_key`): its schedule, and the zone and
+        catch-up window a crontab names itself."""
         if self._key is None:
-            self._key = schedule_key(self.schedule)
+            self._key = entry_key(self.base_key, self.schedule, self.own)
         return self._key
 
     def check(self, last_run_at: float) -> tuple[bool, float]:
@@ -234,8 +253,12 @@ class LoadedEntry:
     def timing(self) -> LoadedEntry:
         return self
 
-    def remember(self, state: EntryState) -> None:
-        if state.schedule_key == self.schedule_key:
+    def remember(self, state: EntryState, force: bool = False) -> None:
+        """Remember ``state`` if it measures from this schedule and is not older than what is
+        remembered (a state read from Redis restored from an older copy must not make beat
+        forget the newer one it wrote), or ``force`` (beat wrote it, or an operator did)."""
+        if state.schedule_key == self.schedule_key and (
+                force or self.last_run_at is None or state.last_run_at >= self.last_run_at):
             self.last_run_at, self.runs = state.last_run_at, state.total_run_count
 
     def info(self) -> str:
@@ -251,7 +274,7 @@ class LoadedEntry:
         words = [f"in {zone}"] if isinstance(zone, str) and zone != self.zone else []
         if isinstance(window, (int, float)) and not isinstance(window, bool):
             words.append(f"catch-up {window:g}s")
-        return " ".join([self.schedule_key, ", ".join(words)]) if words else self.schedule_key
+        return " ".join([self.base_key, ", ".join(words)]) if words else self.base_key
 
 
 def own_settings(own: Any, zone: str) -> tuple[str, float | None]:
@@ -281,6 +304,26 @@ def schedule_key(sched: BaseSchedule) -> str:
     if " object at 0x" in text:
         return f"{type(sched).__module__}.{type(sched).__qualname__}"
     return text
+
+
+def entry_key(base: str, sched: BaseSchedule, own: Any) -> str:
+    """An entry's schedule key: ``base`` (its :func:`schedule_key`), and for a ``crontab``
+    the zone and catch-up window it names itself (``options={"schedproj": ...}``, a runtime
+    entry's ``--timezone``/``--catchup-window``), e.g. ``<crontab: 30 2 * * * (m/h/dM/MY/d)>
+    | zone=Europe/Berlin``: moving it to another zone is a schedule change (it counts from
+    now, never sending a fire time that only "passed" in the new zone). A crontab that names
+    neither keeps the key it always had; the app's own zone is not in the key. A state stored
+    before keys named zones still measures from its schedule (``EntryState.measures_from``):
+    the upgrade makes no entry count from now."""
+    if type(sched) is not crontab or not isinstance(own, Mapping):
+        return base
+    zone, window = own.get("timezone"), own.get("catchup_window_s")
+    words = [] if zone is None else [f"zone={zone}"]
+    if window is not None:
+        with contextlib.suppress(TypeError, ValueError):
+            window = float(window)   # 3600 and 3600.0 are one window
+        words.append(f"catch-up={window!r}")
+    return f"{base}{KEY_SETTINGS}{', '.join(words)}" if words else base
 
 
 def judged_copy(sched: Any, app: Any) -> Any:
@@ -378,13 +421,17 @@ class CodeEntries(Mapping[str, LoadedEntry]):
         left_out = set(names)
         return CodeEntries(self.app, self._specs, (n for n in self._names if n not in left_out))
 
-    def remember(self, name: str, state: EntryState, key: str | None = None) -> None:
+    def remember(self, name: str, state: EntryState, key: str | None = None,
+                 force: bool = False) -> None:
         """Remember ``state`` if it measures from the entry's schedule (``key``, when the
-        caller has it at hand)."""
+        caller has it at hand) and is not older than what is remembered, or ``force``
+        (:meth:`LoadedEntry.remember`)."""
         i = self._index(name)
         if i < 0:
             return
         if state.schedule_key != (key if key is not None else self._key(name)):
+            return
+        if not force and state.last_run_at < self._last_run_at[i]:
             return
         self._last_run_at[i] = state.last_run_at
         try:
@@ -402,8 +449,10 @@ class CodeEntries(Mapping[str, LoadedEntry]):
 
     def _key(self, name: str) -> str:
         spec: Any = self._specs[name]
-        return schedule_key(maybe_schedule(spec.get("schedule"), spec.get("relative", False),
-                                           app=self.app))
+        sched = maybe_schedule(spec.get("schedule"), spec.get("relative", False), app=self.app)
+        options = spec.get("options")
+        own = options.get(OWN_OPTIONS) if options else None
+        return entry_key(schedule_key(sched), sched, own)
 
 
 def cron_deadline(conf: Any) -> float | None:
@@ -508,6 +557,14 @@ class BeatEntries:
         #: Errors already said (entry -> message), so each is said once per onset.
         self._said: dict[str, str] = {}
         self._refused = ""
+        #: A take-over Redis refused, to finish first (None: none pending; else put_back).
+        self._take_over_pending: bool | None = None
+        #: The periodic reconcile asked for (:meth:`reconcile`).
+        self._reconcile = False
+        #: The last write found the due index (or the listing) short of the entries defined.
+        self._index_short = self._info_short = False
+        #: When the index (or the listing) was last healed for being found short.
+        self._index_healed_at = self._info_healed_at = float("-inf")
 
     @property
     def names(self) -> list[str]:
@@ -533,12 +590,20 @@ class BeatEntries:
             yield name, entry.info()
 
     # -- taking over ----------------------------------------------------------------------------
+    def reconcile(self) -> None:
+        """At the next tick, rebuild what is derived from the entries as the lanes' derived
+        keys are rebuilt (beat's periodic reconcile, or a derived key found lost): re-read the
+        runtime definitions (a changed mark lost with the changed set), add every entry
+        missing from the due index due now, and publish the listing afresh."""
+        self._reconcile = True
+
     def take_over(self, now: float, *, put_back: bool = False) -> None:
         """This beat just became active (or Redis lost state): load the runtime entries,
         delete the state of entries that no longer exist, and index every entry for a look
         now, so the ticks that follow judge each from its stored state. With ``put_back``
         (Redis lost state while this beat ran, and what it remembers is current), first write
         back the states it remembers where Redis now holds none."""
+        self._take_over_pending = put_back
         try:
             if put_back:
                 self._put_back()
@@ -551,20 +616,23 @@ class BeatEntries:
                 else:
                     gone.add(name)
             removed = sorted(gone)
+            # Due now, not at 0: a next look of 0 marks a state written outside beat.
             if not self.store.rebuild_index(
-                    self.token, dict.fromkeys([*self.code, *self.runtime], 0.0)):
+                    self.token, dict.fromkeys([*self.code, *self.runtime], now)):
                 raise BeatLockLost("the beat lock was lost while indexing the schedule entries")
             if removed:
                 logger.info("schedule entries %s are no longer defined: their state is deleted",
                             removed[:20] if len(removed) > 20 else removed)
                 self._written(self.store.write(self.token, (), removed=removed))
             self.head = now if len(self) else None
+            self._take_over_pending = None
+            self._reconcile = self._index_short = self._info_short = False
             if len(self):
                 logger.info("beat %s: %d schedule entries (%d from beat_schedule, %d added at "
                             "runtime)", self.token[:8], len(self), len(self.code),
                             len(self.runtime))
         except redis.ResponseError as exc:
-            self._say_refused(exc)
+            self._say_refused(exc, now)
 
     def _runtime_raws(self) -> dict[str, str]:
         return {name: e.raw for name, e in self.runtime.items()}
@@ -579,12 +647,13 @@ class BeatEntries:
                            "this beat remembers (no due time is sent twice or skipped for "
                            "them)", n, len(remembered))
 
-    def _remember(self, name: str, state: EntryState, key: str | None = None) -> None:
+    def _remember(self, name: str, state: EntryState, key: str | None = None,
+                  force: bool = False) -> None:
         entry = self.runtime.get(name)
         if entry is not None:
-            entry.remember(state)
+            entry.remember(state, force)
         else:
-            self.code.remember(name, state, key)
+            self.code.remember(name, state, key, force)
 
     def _remember_decoded(self, name: str, raw: str, key: str | None = None) -> None:
         with contextlib.suppress(StateError):
@@ -624,25 +693,19 @@ class BeatEntries:
         slow due-check, Redis frozen) would otherwise record a run seconds before the moment
         its schedule judged it due, and the next tick would find it due again at once."""
         now = max(now, time.time())
+        if self._take_over_pending is not None:   # refused before: finish it first
+            self.take_over(now, put_back=self._take_over_pending)
+            if self._take_over_pending is not None:
+                return self.head
         try:
-            if changed:
-                before = self._runtime_raws()
-                gone = self._load_runtime()
-                if self._runtime_raws() != before:
-                    self.store.publish(self._info())
-                removed = [n for n in gone if not self.defines(n)]
-                if removed:
-                    self._written(self.store.write(self.token, (), removed=removed))
-                # New or changed definitions: in the index, looked at now.
-                fresh = {n: now for n, raw in self._runtime_raws().items()
-                         if before.get(n) != raw}
-                if fresh and not self.store.rebuild_index(self.token, fresh, replace=False):
-                    raise BeatLockLost("the beat lock was lost while indexing runtime entries")
-                self.head = now
+            if changed or self._reconcile:
+                self._reload(now)
+            self._repair(now)
             started = time.monotonic()
             while self.head is not None and self.head <= now:
                 now = max(now, time.time())
                 more = self._tick_once(now)
+                self._repair(now)
                 if not more:
                     break
                 if time.monotonic() - started > TICK_BUDGET_S:
@@ -652,41 +715,97 @@ class BeatEntries:
             self._refused = ""
             return self.head
         except redis.ResponseError as exc:
-            self._say_refused(exc)
-            return None
+            self._say_refused(exc, now)
+            return self.head
+
+    def _reload(self, now: float) -> None:
+        """The definitions changed (or the reconcile asks): re-read the runtime ones."""
+        before = self._runtime_raws()
+        gone = self._load_runtime()
+        if self._runtime_raws() != before:
+            self.store.publish(self._info())
+        removed = [n for n in gone if not self.defines(n)]
+        if removed:
+            self._written(self.store.write(self.token, (), removed=removed))
+        # New or changed definitions: in the index, looked at now.
+        fresh = {n: now for n, raw in self._runtime_raws().items() if before.get(n) != raw}
+        if fresh and not self.store.rebuild_index(self.token, fresh, replace=False):
+            raise BeatLockLost("the beat lock was lost while indexing runtime entries")
+        self.head = now
+
+    def _repair(self, now: float) -> None:
+        """Heal what is derived from the entries: on the reconcile, and when the last write
+        found the due index holding fewer entries than beat runs (deleted, or a member
+        removed: such an entry would never be looked at again) or the listing not holding
+        them all (status and the verbs would not see them). Costs one write per entry: only
+        then, and a found mismatch at most every :data:`REPAIR_EVERY_S`."""
+        reconcile, self._reconcile = self._reconcile, False
+        if reconcile or (self._index_short and now - self._index_healed_at >= REPAIR_EVERY_S):
+            self._index_short = False
+            if not reconcile:
+                self._index_healed_at = now
+            done = self.store.reindex(self.token, chain(self.code, self.runtime), now,
+                                      now + self.max_look_s)
+            if done is None:
+                raise BeatLockLost("the beat lock was lost while healing the entries' index")
+            added, self.head = done
+            if added:
+                logger.warning("schedule entries: %d were missing from %s (deleted, or members "
+                               "removed): put back, looked at now", added,
+                               self.keys.entries_due)
+                self.store.count_heal()
+        if reconcile or (self._info_short and now - self._info_healed_at >= REPAIR_EVERY_S):
+            self._info_short = False
+            if not reconcile:
+                self._info_healed_at = now
+                logger.warning("schedule entries: the listing %s did not hold every entry "
+                               "(lost or changed outside beat): published afresh",
+                               self.keys.entries_info)
+            self.store.publish(self._info())
 
     def _tick_once(self, now: float) -> bool:
         due = self.store.due(now)
+        self._say_broken(due.broken)
         unknown = sorted(name for name in due.forced if not self.defines(name))
         if unknown:
             self.store.done_forcing(unknown)
         # The entries read, made for this pass (a code entry is its spec until a tick needs it).
         looked = {name: entry for name in due.states if (entry := self.entry(name)) is not None}
         keys = {name: entry.schedule_key for name, entry in looked.items()}
+        # What this beat last read or wrote of each, unless an operator or a tool wrote its
+        # state since (marked): a stored state older than that (Redis restored from an older
+        # copy) or gone is judged from the memory, never re-sending a due time.
+        remembered = {name: (e.last_run_at, e.runs) for name, e in looked.items()
+                      if e.last_run_at is not None and name not in due.marked}
         plan = plan_entries(due.states, due.states, looked, keys, now,
                             paused=due.paused, forced=due.forced & looked.keys(),
-                            max_look_s=self.max_look_s, where=self.keys.entries)
+                            max_look_s=self.max_look_s, where=self.keys.entries,
+                            remembered=remembered)
         for name, problem in plan.errors.items():
             self._say(name, problem)
         # Indexed but no longer defined (removed while no beat ran, or a runtime definition
         # that cannot be read): out of the index and the states.
         removed = sorted({*plan.removed, *(n for n in due.states if n not in looked)})
         writes = (*plan.starts, *plan.records, *plan.claims)
-        result = self._written(self.store.write(self.token, writes, looks=plan.looks,
-                                                removed=removed))
+        # A claim answers its `schedproj run` in its own write: sent once, even if beat dies
+        # right after the send; a claim that does not land leaves it asked.
+        result = self._written(self.store.write(
+            self.token, writes, looks=plan.looks, removed=removed,
+            run_now={c.name: "clear" for c in plan.claims if c.name in due.forced}))
+        # Every entry beat runs is in the index and the listing: one missing is healed.
+        self._index_short = self._index_short or result.size < len(self)
+        self._info_short = self._info_short or result.listed != len(self)
         changed = {c.name for c in writes}
         for change in writes:
             if result.written.get(change.name):
-                self._remember(change.name, change.state, keys[change.name])
+                self._remember(change.name, change.state, keys[change.name], force=True)
         self._record_misses(plan, result, looked)
         # What was read counts as remembered too (a state an operator or `schedproj migrate`
         # wrote since this beat took over is the one to put back after a loss).
         for name, state in plan.judged.items():
             if name not in changed:
-                self._remember(name, state, keys[name])
-        self._send(plan, result, due.states, now, looked)
-        forced_done = [c.name for c in plan.claims if c.name in due.forced]
-        self.store.done_forcing(forced_done)
+                self._remember(name, state, keys[name], force=name in due.marked)
+        self._send(plan, result, now, looked, due.forced)
         return due.more
 
     def _record_misses(self, plan: EntryPlan, result: WriteResult,
@@ -711,8 +830,8 @@ class BeatEntries:
                 logger.error("schedule entries: the missed-runs counter is not kept (%s); "
                              "delete %s", exc, self.keys.counters)
 
-    def _send(self, plan: EntryPlan, result: WriteResult, read: Mapping[str, str | None],
-              now: float, looked: Mapping[str, LoadedEntry]) -> None:
+    def _send(self, plan: EntryPlan, result: WriteResult, now: float,
+              looked: Mapping[str, LoadedEntry], forced: frozenset[str]) -> None:
         lost = [c.name for c in plan.claims if not result.written.get(c.name)]
         if lost:
             logger.info("schedule entries %s changed since read (another beat or an operator): "
@@ -729,21 +848,23 @@ class BeatEntries:
                                 total_run_count=claim.state.total_run_count, app=self.app)
             self.apply_entry(message)
             if message.send_error is not None:
-                self._undo(claim, read.get(claim.name), message.send_error, now,
-                           entry.schedule_key)
+                self._undo(claim, message.send_error, now, entry.schedule_key,
+                           asked=claim.name in forced)
 
-    def _undo(self, claim: EntryClaim, before: str | None, error: BaseException,
-              now: float, key: str) -> None:
-        """The send failed after the claim: put the state it replaced back, so the due time
-        stays due and the next tick tries again (never skipped)."""
-        restore = before if before is not None else EntryState(
-            last_run_at=claim.state.last_run_at, schedule_key=claim.state.schedule_key).encode()
-        back = EntryClaim(claim.name, claim.state.encode(),
-                          _decoded_or(restore, claim.state), now + RESEND_AFTER_S)
-        result = self.store.write(self.token, (back,))
+    def _undo(self, claim: EntryClaim, error: BaseException, now: float, key: str, *,
+              asked: bool) -> None:
+        """The send failed after the claim: put back the state it was judged from (a one-off
+        seen for the first time stays before its instant), so the due time stays due and the
+        next tick tries again (never skipped); a `schedproj run` it answered is asked again."""
+        before = claim.before if claim.before is not None else EntryState(
+            claim.state.last_run_at, max(claim.state.total_run_count - 1, 0),
+            claim.state.schedule_key)
+        back = EntryClaim(claim.name, claim.state.encode(), before, now + RESEND_AFTER_S)
+        result = self.store.write(self.token, (back,),
+                                  run_now={claim.name: "force"} if asked else {})
         self._written(result)
         if result is not None and result.written.get(claim.name):
-            self._remember(claim.name, back.state, key)
+            self._remember(claim.name, back.state, key, force=True)
         logger.warning("schedule entry %r was not sent (%s: %s); it stays due and is tried "
                        "again in %gs", claim.name, type(error).__name__, error, RESEND_AFTER_S)
 
@@ -758,30 +879,36 @@ class BeatEntries:
             self._said[name] = problem
             logger.error("schedule entry %r: %s", name, problem)
 
-    def _say_refused(self, exc: redis.ResponseError) -> None:
+    def _say_broken(self, broken: tuple[str, ...]) -> None:
+        """Name the operator sets of the wrong type (read as empty) once per onset."""
+        said = " ".join(broken)
+        if said and said != self._said.get("\x00broken"):
+            logger.error("schedule entries: %s hold(s) a value of the wrong type, read as empty "
+                         "(paused entries may run, `schedproj run` waits); delete it: "
+                         "`redis-cli DEL %s`", ", ".join(broken), said)
+        self._said["\x00broken"] = said
+
+    def _say_refused(self, exc: redis.ResponseError, now: float) -> None:
+        """Redis refused an entries command: say so once per onset, and try again in
+        :data:`REFUSED_RETRY_S` (healing the due index first, should it be the one of the
+        wrong type), so the entries come back once the cause is fixed."""
         if str(exc) != self._refused:
             self._refused = str(exc)
             logger.error("schedule entries: Redis refused a command (%s); one of %s, %s, %s, "
-                         "%s, %s holds a value of the wrong type — delete it; lanes keep "
-                         "running", exc, self.keys.entries, self.keys.entries_due,
-                         self.keys.entry_defs, self.keys.entries_paused,
-                         self.keys.entries_run_now)
-        self.head = None
-
-
-def _decoded_or(raw: str, fallback: EntryState) -> EntryState:
-    try:
-        return EntryState.decode(raw, "entry")
-    except StateError:
-        return fallback
+                         "%s, %s holds a value of the wrong type — delete it (or Redis is out "
+                         "of memory); tried again every %gs; lanes keep running", exc,
+                         self.keys.entries, self.keys.entries_due, self.keys.entry_defs,
+                         self.keys.entries_paused, self.keys.entries_run_now, REFUSED_RETRY_S)
+        self._index_short = True
+        self.head = now + REFUSED_RETRY_S
 
 
 def entry_summaries(entries: Mapping[str, LoadedEntry]) -> list[dict[str, Any]]:
     """What ``schedproj status`` and ``schedproj lanes`` show of each entry's definition."""
-    return [{"name": e.name, "task": e.task, "schedule": e.schedule_key, "source": e.source}
+    return [{"name": e.name, "task": e.task, "schedule": e.base_key, "source": e.source}
             for e in sorted(entries.values(), key=lambda e: e.name)]
 
 
 __all__ = ["BeatEntries", "CeleryTiming", "CodeEntries", "EntrySend", "LoadedEntry",
-           "beat_schedule_table", "code_entries", "entry_summaries", "runtime_entry",
+           "beat_schedule_table", "code_entries", "entry_key", "entry_summaries", "runtime_entry",
            "schedule_key", "schedule_of"]

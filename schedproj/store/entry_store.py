@@ -3,6 +3,7 @@ compared and set under the beat lock), runtime definitions and the operator's se
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
@@ -43,6 +44,11 @@ class DueEntries:
     forced: frozenset[str]
     #: The read was cut at :data:`READ_LIMIT`: more may be due.
     more: bool
+    #: Those whose next look was 0 (marked by an operator or a tool that wrote their state
+    #: outside beat, ``mark_changed``): their stored state is the one to judge from.
+    marked: frozenset[str] = frozenset()
+    #: The operator sets of the wrong type (read as empty).
+    broken: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,8 @@ class WriteResult:
     written: Mapping[str, bool]
     head: float | None
     size: int
+    #: How many entries the listing (``Keys.entries_info``) holds (-1: not a hash).
+    listed: int = -1
 
 
 class EntryStore:
@@ -60,17 +68,20 @@ class EntryStore:
         self._write = register(client, "entry_write")
         self._read = register(client, "entry_read")
         self._index = register(client, "entry_index")
+        self._reindex = register(client, "entry_reindex")
 
     # -- the active beat ----------------------------------------------------------------------
     def due(self, now: float) -> DueEntries:
         k = self.keys
-        names, values, paused, forced = self._read(
+        names, values, paused, forced, marked, broken = self._read(
             keys=[k.entries_due, k.entries, k.entries_paused, k.entries_run_now],
             args=[repr(now), READ_LIMIT])
         states = {str(n): (str(v) if v is not None else None)
                   for n, v in zip(names, values, strict=True)}
         return DueEntries(states=states, paused=frozenset(map(str, paused)),
-                          forced=frozenset(map(str, forced)), more=len(names) >= READ_LIMIT)
+                          forced=frozenset(map(str, forced)), more=len(names) >= READ_LIMIT,
+                          marked=frozenset(map(str, names[:int(marked)])),
+                          broken=tuple(map(str, broken)))
 
     def all_states(self) -> Iterator[tuple[str, str]]:
         """Every entry's stored state (a beat taking over reads them all once), read
@@ -79,33 +90,57 @@ class EntryStore:
             yield str(name), str(raw)
 
     def write(self, token: str, claims: Sequence[EntryClaim], *,
-              looks: Mapping[str, float] = {}, removed: Sequence[str] = ()) -> WriteResult | None:
+              looks: Mapping[str, float] = {}, removed: Sequence[str] = (),
+              run_now: Mapping[str, str] = {}) -> WriteResult | None:
         """Compare and set ``claims`` (state and next look), move ``looks``, delete
-        ``removed``; None if this beat no longer holds the lock (nothing written then)."""
-        groups: list[tuple[str, str, str, str]] = []
+        ``removed``; None if this beat no longer holds the lock (nothing written then).
+        ``run_now`` says, by claim, what its landing does to the run-now mark: ``"clear"``
+        (it answers a ``schedproj run``) or ``"force"`` (it undoes one: asked again)."""
+        groups: list[tuple[str, str, str, str, str]] = []
         for c in claims:
             groups.append((c.name, NONE if c.expected is None else c.expected,
-                           c.state.encode(), repr(c.next_look)))
+                           c.state.encode(), repr(c.next_look), run_now.get(c.name, "")))
         for name, at in looks.items():
-            groups.append((name, "", "", repr(at)))
+            groups.append((name, "", "", repr(at), ""))
         for name in removed:
-            groups.append((name, ANY, NONE, "0"))
+            groups.append((name, ANY, NONE, "0", ""))
         written: dict[str, bool] = {}
         head: float | None = None
-        size = 0
+        size = listed = 0
         k = self.keys
         for i in range(0, max(len(groups), 1), WRITE_CHUNK):
             chunk = groups[i:i + WRITE_CHUNK]
-            reply = self._write(keys=[k.beat_lock, k.entries, k.entries_due, k.entries_run_now],
+            reply = self._write(keys=[k.beat_lock, k.entries, k.entries_due, k.entries_run_now,
+                                      k.entries_info],
                                 args=[token, NONE, ANY, *(x for g in chunk for x in g)])
             if len(reply) == 1:  # {-1}: not the lock holder
                 return None
-            *results, head_name, head_score, size = reply
-            for (name, _, value, _), ok in zip(chunk, results, strict=True):
+            *results, head_name, head_score, size, listed = reply
+            for (name, _, value, _, _), ok in zip(chunk, results, strict=True):
                 if value:
                     written[name] = int(ok) == 1
             head = float(head_score) if head_name not in ("", None) else None
-        return WriteResult(written=written, head=head, size=int(size))
+        return WriteResult(written=written, head=head, size=int(size), listed=int(listed))
+
+    def reindex(self, token: str, names: Iterable[str], now: float,
+                latest: float) -> tuple[int, float | None] | None:
+        """Heal the due index (``entry_reindex.lua``): every one of ``names`` (each defined
+        entry) missing from it is added due ``now``, a next look past ``latest`` is moved to
+        it, the others are kept; an index of the wrong type is replaced. Returns how many
+        were added and the index's head; None if this beat no longer holds the lock."""
+        k = self.keys
+        it = iter(names)
+        added, head, first = 0, None, True
+        while (chunk := list(islice(it, WRITE_CHUNK))) or first:
+            first = False
+            reply = self._reindex(keys=[k.beat_lock, k.entries_due],
+                                  args=[token, repr(now), repr(latest), *chunk])
+            if len(reply) == 1:
+                return None
+            n, head_name, head_score, _ = reply
+            added += int(n)
+            head = float(head_score) if head_name not in ("", None) else None
+        return added, head
 
     def rebuild_index(self, token: str, looks: Mapping[str, float], *,
                       replace: bool = True) -> bool:
@@ -152,9 +187,20 @@ class EntryStore:
             pipe.hincrby(self.keys.counters, counter_field(CounterKind.MISSED, name), count)
         pipe.execute()
 
+    def count_heal(self) -> None:
+        """Count a heal of the due index in ``schedproj_derived_state_heals_total{key=
+        "entries:due"}``, as the lanes' derived keys' heals are counted."""
+        with contextlib.suppress(redis.ResponseError):   # a counters hash of the wrong type
+            self.client.hincrby(self.keys.counters,
+                                counter_field(CounterKind.HEALS, "entries:due"), 1)
+
     def done_forcing(self, names: Sequence[str]) -> None:
+        """Drop run-now marks of names no entry has (a claim's own mark is dropped by the
+        claim's write, ``write(run_now=...)``); a set of the wrong type is left alone (it is
+        read as empty, and named)."""
         if names:
-            self.client.srem(self.keys.entries_run_now, *names)
+            with contextlib.suppress(redis.ResponseError):
+                self.client.srem(self.keys.entries_run_now, *names)
 
     # -- runtime entries and operators ----------------------------------------------------------
     def definitions(self) -> dict[str, str]:

@@ -167,7 +167,7 @@ def test_an_entry_may_name_its_own_zone_and_its_options_do_not_travel() -> None:
     # Sentry Crons builds its monitor from the message's schedule: it names the entry's zone.
     assert str(entry.sent_schedule().tz) == "America/New_York"
     # What operators read (status, entry list) names the zone the entry chose.
-    assert entry.shown_schedule() == f"{entry.schedule_key} in America/New_York"
+    assert entry.shown_schedule() == f"{entry.base_key} in America/New_York"
     plain = beat_schedule_table(app_of({"p": {"task": "t", "schedule": crontab(minute=0)}},
                                        timezone="Europe/Berlin"))["p"]
     assert plain.calendar is not None and plain.sent_schedule() is plain.schedule
@@ -293,7 +293,7 @@ def test_runtime_cron_entries_take_their_zone_and_window() -> None:
     own = EntryDefinition.build(task="t", cron="30 2 * * *", catchup_window_s=600).encode()
     windowed = runtime_entry("n", own, app, "defs")
     assert windowed.calendar is not None and windowed.calendar.catchup_window_s == 600.0
-    assert windowed.shown_schedule() == f"{windowed.schedule_key} catch-up 600s"
+    assert windowed.shown_schedule() == f"{windowed.base_key} catch-up 600s"
 
 
 def test_runtime_definitions_with_calendar_fields_are_checked_with_the_fix() -> None:
