@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
 
-from schedproj.core import defaults, lifecycle
+from schedproj.core import defaults, gates, lifecycle
 from schedproj.core.deferrals import LEASE_WAITS
 from schedproj.core.due import (
     NEVER,
@@ -436,6 +436,14 @@ class Simulation:
         self.blockers_of = {rt.name: frozenset(lane for g in rt.spec.gates
                                                for lane in named.get(g.blocker, ()))
                             for rt in self.gated}
+        #: Gated lanes at rest (:meth:`_rest`): due, deferred by a gate (or, heavy, waiting for
+        #: the lease behind a gate that blocks), and planned again only when that could change:
+        #: lane -> (for a heavy lane, whether its record is a wait for the lease — its outcome
+        #: flips when the lease is taken or freed —, None for a light one; the instant its
+        #: gate's max_defer_s runs out). Their blockers are not planned for them meanwhile.
+        self.resting: dict[str, tuple[bool | None, float]] = {}
+        #: The decision whose lanes ``_settle`` files (what ``_rest`` judges them by).
+        self._decision: Decision | None = None
         #: Heavy lanes due and not started: when each became due (``_Lane.due_since``).
         self.heavy_due: dict[str, float] = {}
         #: The same as a heap (stale entries dropped when they come up): the earliest in O(1).
@@ -558,6 +566,8 @@ class Simulation:
             return False
         if any(v.due for v in decision.views.values() if v.spec.heavy):
             return False
+        if any(self.by_name[name].heavy for name in self.resting):  # due, unplanned
+            return False
         if self.planning is Planning.FULL:
             return not any(rt.has_backlog() for rt in self.enabled)
         # A lane's backlog changes only with a change the index hears of.
@@ -621,9 +631,12 @@ class Simulation:
         index.advance(t)
         focus = index.active | index.dirty | self.always
         focus.update(index.leaders(t))
-        if self.lease is not None:
-            focus.add(self.lease.lane)
+        # Not the lease's holder: its view (in flight) decides nothing but the gates naming
+        # it, and a gated lane planned brings its blockers below. (A pool's holders are: the
+        # pool's pressure is measured on its longest holder's view.)
         focus.update(self.pool_runs)
+        if self.resting:
+            self._wake(focus, t)
         for gated in focus.intersection(self.blockers_of):
             focus.update(self.blockers_of[gated])
         position = self.position
@@ -631,8 +644,22 @@ class Simulation:
         plan, states = self._plan_lanes(lanes, t)
         if self.planning is Planning.CHECK:
             self._full = self._plan_lanes(self.rts, t)[0]
-            check_plans(plan, self._full, self.lease, t, pressure=self.rule is not None)
+            check_plans(plan, self._full, self.lease, t, pressure=self.rule is not None,
+                        heavy_resting=any(self.by_name[n].heavy for n in self.resting))
         return plan, states
+
+    def _wake(self, focus: set[str], t: float) -> None:
+        """Add to ``focus`` the resting gated lanes whose plan could differ from the one that
+        put them to rest: changed (in ``focus``), a blocker planned (its view may have moved:
+        a lane's view changes only with its records, its backlog or its next look, each of
+        which plans it), the lease taken or freed (a heavy lane's record flips between a
+        gate's deferral and a wait for the lease), or its gate's max_defer_s run out."""
+        held = self.lease is not None
+        blockers_of = self.blockers_of
+        for name, (waits, until) in self.resting.items():
+            if (name in focus or (waits is not None and waits != held)
+                    or t + LOOK_SLACK_S >= until or not focus.isdisjoint(blockers_of[name])):
+                focus.add(name)  # planned, so filed again (_file)
 
     def _plan_lanes(self, lanes: list[_Lane], t: float) -> tuple[Plan, dict[str, LaneState]]:
         states = {rt.name: rt.state() for rt in lanes}
@@ -662,6 +689,7 @@ class Simulation:
         # Lanes planned always need no filing: the plan's own next_due_in_s covers them; a
         # waiting lane planned as a leader and unchanged stays where it is.
         waiting, dirty, always = index.waiting, index.dirty, self.always
+        self._decision = plan.decision
         filed = dirty.union([n for n in plan.states if n not in waiting])
         by_name = self.by_name
         for name in filed.difference(always) if always else filed:
@@ -688,12 +716,18 @@ class Simulation:
             self.backlogged.add(rt.name)
         else:
             self.backlogged.discard(rt.name)
-        if spec.heavy and ((self.lease is not None and self.lease.lane == rt.name)
-                           or rt.name in self.pool_runs):
-            # A holder: planned while it holds. Filed once (refiling an active lane moves
-            # nothing: no look or wake of it is pending).
+        resting = self.resting
+        if resting:
+            resting.pop(rt.name, None)
+        if spec.heavy and rt.name in self.pool_runs:
+            # A pool's holder: planned while it holds. Filed once (refiling an active lane
+            # moves nothing: no look or wake of it is pending).
             if rt.name not in self.index.active:
                 self.index.file(rt.name, t, None, t)
+            return
+        if spec.heavy and self.lease is not None and self.lease.lane == rt.name:
+            # The lease's holder: not planned while it holds (its run's end changes it).
+            self.index.file(rt.name, math.inf, None, t)
             return
         if not spec.heavy and is_in_flight(state, t):
             self.index.file(rt.name, next_look(spec, state, t), None, t)
@@ -705,8 +739,56 @@ class Simulation:
         # A lane with a due-check is due by what it reports (the wake); another by its record,
         # as the index files it (the earlier of the two, should they ever differ).
         look = wake if probe is not None else min(next_look(spec, state, t), wake)
-        rank = self._rank(rt, state, t) if look <= t + LOOK_SLACK_S else None
-        self.index.file(rt.name, look, wake, t, rank)
+        if look > t + LOOK_SLACK_S:
+            self.index.file(rt.name, look, wake, t)
+            return
+        if spec.gates:
+            rest = self._rest(rt, state, t)
+            if rest is not None:
+                self.index.file(rt.name, math.inf, None, t)  # neither active nor waiting
+                resting[rt.name] = rest
+                return
+        self.index.file(rt.name, look, wake, t, self._rank(rt, state, t))
+
+    def _rest(self, rt: _Lane, state: LaneState, t: float) -> tuple[bool | None, float] | None:
+        """Whether a due gated lane just planned may rest (see ``resting``): the decision
+        deferred it and planning it again would write nothing — deferred by the same gate, or
+        (heavy, the lease held) waiting for the lease, its streak going on, behind a gate that
+        blocks (so it does not press the holder) — until a blocker moves, the lease is taken or
+        freed, or the gate's max_defer_s runs out. None: it stays planned at every decision
+        (no deferral, a gate that lapsed, a retry pending or a last run in the future, which
+        a decision may see change by time alone, a lane of a pool beyond the default, a
+        calendar lane)."""
+        decision = self._decision
+        if decision is None:
+            return None
+        name, spec, run = rt.name, rt.spec, state.run
+        view = decision.views.get(name)
+        deferral = state.sched.deferral
+        if (view is None or not view.due or view.in_flight or deferral is None or rt.in_pool
+                or name in self.always or retry_at(spec, state, t) != NEVER
+                or (run.last_run_at is not None and run.last_run_at > t)
+                or (run.last_run_at is None and run.since is not None and run.since > t)):
+            return None
+        mine = [d for d in decision.deferred if d.lane == name]
+        if len(mine) != 1 or any(lane == name for lane, _ in decision.expired_gates):
+            return None
+        legacy = self.v.policy is Policy.REGISTRY
+        gate, lapsed = gates.evaluate(view, decision.gate_views, deferral, t, legacy=legacy)
+        if gate is None or lapsed:
+            return None
+        waits = mine[0].reason in LEASE_WAITS
+        if waits:
+            # Waiting for the lease: only while it was held (not lost to a winner).
+            if not spec.heavy or self.lease is None or deferral.reason not in LEASE_WAITS:
+                return None
+        elif (mine[0].reason, mine[0].blocker) != (gate.reason, gate.blocker):
+            return None
+        clock = deferral.gate_clock(gate.blocker)
+        until = (clock + gate.max_defer_s
+                 if gate.max_defer_s is not None and clock is not None and not legacy
+                 else math.inf)
+        return (waits if spec.heavy else None), until
 
     def _rank(self, rt: _Lane, state: LaneState, t: float) -> Rank | None:
         """A due heavy lane recorded as waiting for the lease that planning may skip (the
@@ -874,7 +956,7 @@ class Simulation:
         else:
             index = self.index
             index.advance(t)
-            names = chain(index.waiting, index.active, index.dirty, self.always)
+            names = chain(index.waiting, index.active, index.dirty, self.always, self.resting)
             lanes = (self.by_name[name] for name in names)
         pool = rt.spec.pool
         return any(x is not rt and x.heavy and x.spec.pool == pool
