@@ -26,8 +26,18 @@ class EntryRow:
     runs: int
     next_due_at: float | None
     paused: bool
-    #: Why its state or definition cannot be read ("" when it can).
+    #: Why its state or definition cannot be read, or why beat does not look at it ("" when
+    #: nothing is wrong).
     problem: str = ""
+    #: Beat runs it but it is missing from the due index, so beat never looks at it until the
+    #: index is healed: counted as overdue.
+    unindexed: bool = False
+
+    def overdue(self, now: float, after_s: float) -> bool:
+        """Not looked at when it should have been: its next look more than ``after_s`` past
+        (not paused), or no next look at all (:attr:`unindexed`)."""
+        return self.unindexed or (not self.paused and self.next_due_at is not None
+                                  and now - self.next_due_at > after_s)
 
 
 @dataclass(frozen=True)
@@ -54,9 +64,11 @@ def read_entries(client: redis.Redis, keys: Keys) -> EntriesView:
              keys.entry_defs)
     empty: tuple[Any, ...] = ({}, {}, [], set(), {})
     values = []
+    broken: set[str] = set()
     for key, reply, blank in zip(names, replies, empty, strict=True):
         if isinstance(reply, redis.ResponseError):
             problems.append(f"{key} holds a value of the wrong type ({reply}); delete it")
+            broken.add(key)
             reply = blank
         values.append(reply)
     info, states, due, paused, defs = values
@@ -72,9 +84,16 @@ def read_entries(client: redis.Redis, keys: Keys) -> EntriesView:
                 last, runs = state.last_run_at, state.total_run_count
             except StateError as exc:
                 problem = problem or str(exc)
+        # Every entry beat runs has a next look; one without (the index lost, or its member
+        # removed) is never looked at until beat heals the index: say so, never "healthy".
+        # A runtime entry beat has not read yet is not indexed yet.
+        unindexed = (name not in scores and name in info and keys.entries_due not in broken)
+        if unindexed and not problem:
+            problem = (f"not in {keys.entries_due}: beat does not look at it until it heals "
+                       "the index (within its reconcile, 5 minutes)")
         rows.append(EntryRow(name=name, task=task, schedule=schedule, source=source,
                              last_run_at=last, runs=runs, next_due_at=scores.get(name),
-                             paused=name in paused, problem=problem))
+                             paused=name in paused, problem=problem, unindexed=unindexed))
     return EntriesView(entries=tuple(rows), problems=tuple(problems))
 
 

@@ -33,3 +33,17 @@ def test_unread_definitions_show_their_own_schedule(redis_client: redis.Redis,
     }
     assert {r.source for r in rows.values()} == {"runtime (not yet read by beat)"}
     assert all(r.problem == "" for r in rows.values())
+
+
+def test_an_entry_missing_from_the_due_index_is_a_problem_and_overdue(
+        redis_client: redis.Redis, key_prefix: str) -> None:
+    """Beat never looks at an entry with no next look (its index lost or the member
+    removed) until it heals the index: the view says so, and the entry counts as overdue."""
+    keys = Keys(key_prefix)
+    info = '{"task":"t","schedule":"every 60s","source":"code"}'
+    redis_client.hset(keys.entries_info, mapping={"kept": info, "lost": info})
+    redis_client.zadd(keys.entries_due, {"kept": 1e12})
+    rows = {r.name: r for r in read_entries(redis_client, keys).entries}
+    assert not rows["kept"].unindexed and rows["kept"].problem == ""
+    assert rows["lost"].unindexed and keys.entries_due in rows["lost"].problem
+    assert rows["lost"].overdue(2e12, 60.0) and not rows["kept"].overdue(1e12, 60.0)
