@@ -126,7 +126,8 @@ CATALOG: tuple[MetricDoc, ...] = (
     _gauge("schedproj_entries", "Schedule entries beat runs (beat_schedule and runtime), by "
            "source.", "source"),
     _gauge("schedproj_entries_overdue", "Schedule entries whose next look is more than a "
-           "minute past (not paused): beat is not sending them."),
+           "minute past (not paused), or missing from the due index: beat is not sending "
+           "them."),
     _counter("schedproj_entry_runs", "Times the schedule entry was sent (its run count).",
              "entry"),
     _gauge("schedproj_entry_last_run_timestamp_seconds",
@@ -203,9 +204,8 @@ class SchedprojCollector(Collector):
             count.add_metric([source], n)
         yield count
         overdue = family("schedproj_entries_overdue")
-        overdue.add_metric([], sum(1 for e in view.entries if not e.paused
-                                   and e.next_due_at is not None
-                                   and now - e.next_due_at > ENTRY_OVERDUE_AFTER_S))
+        overdue.add_metric([], sum(1 for e in view.entries
+                                   if e.overdue(now, ENTRY_OVERDUE_AFTER_S)))
         yield overdue
         runs, last, due = (family(n) for n in (
             "schedproj_entry_runs", "schedproj_entry_last_run_timestamp_seconds",
