@@ -8,12 +8,14 @@ from schedproj.core.entries import (
     BROKEN_LOOK_S,
     MIN_LOOK_S,
     PAUSED_LOOK_S,
+    CalendarTiming,
     EntryDefinition,
     EntryState,
     check_entry_name,
     plan_entries,
 )
 from schedproj.core.errors import StateError
+from schedproj.core.schedules import OneOffFireTimes
 
 NOW = 1_000_000.0
 
@@ -146,3 +148,58 @@ def test_entry_names_are_ones_operators_can_type() -> None:
     for bad in ("", "-x", "a b", "x" * 201, "a\x00b"):
         with pytest.raises(ValueError, match="entry name"):
             check_entry_name(bad)
+
+
+# -- memory, unreadable one-offs, key formats (test_entry_attacks' fixes, pure) -------------
+
+def test_a_stored_state_older_than_the_remembered_one_is_judged_from_memory_and_rewritten(
+        ) -> None:
+    """Redis restored from an older copy: the due time beat just sent is not sent again."""
+    plan = plan_entries(["a"], {"a": state(NOW - 120, count=3)}, {"a": Every(60)},
+                        {"a": "k"}, NOW, remembered={"a": (NOW - 10, 4)})
+    assert not plan.claims
+    (record,) = plan.records
+    assert (record.state.last_run_at, record.state.total_run_count) == (NOW - 10, 4)
+    assert record.expected == state(NOW - 120, count=3)
+
+
+def test_a_newer_stored_state_wins_over_memory() -> None:
+    plan = plan_entries(["a"], {"a": state(NOW - 120, count=3)}, {"a": Every(60)},
+                        {"a": "k"}, NOW, remembered={"a": (NOW - 600, 2)})
+    (claim,) = plan.claims
+    assert claim.before is not None and claim.before.last_run_at == NOW - 120
+
+
+def test_a_missing_state_is_put_back_from_memory() -> None:
+    plan = plan_entries(["a"], {"a": None}, {"a": Every(60)}, {"a": "k"}, NOW,
+                        remembered={"a": (NOW - 10, 4)})
+    (start,) = plan.starts
+    assert start.expected is None and start.state == EntryState(NOW - 10, 4, "k")
+
+
+def test_an_unreadable_one_off_state_counts_from_now_and_stays_spent() -> None:
+    class OneOff:
+        calendar = CalendarTiming(OneOffFireTimes(NOW - 60))
+
+        def check(self, last_run_at: float) -> tuple[bool, float]:
+            raise AssertionError("judged by its calendar")
+
+    unreadable = plan_entries(["a"], {"a": "{not json"}, {"a": OneOff()}, {"a": "k"}, NOW)
+    assert not unreadable.claims and unreadable.starts[0].state.last_run_at == NOW
+    # Never seen (no state stored): it counts from before its instant and runs once.
+    new = plan_entries(["a"], {"a": None}, {"a": OneOff()}, {"a": "k"}, NOW)
+    (claim,) = new.claims
+    assert claim.before is not None and claim.before.last_run_at < NOW - 60
+
+
+def test_a_state_of_the_earlier_key_format_measures_from_its_schedule() -> None:
+    """A key format 1 state ("base", before keys named a crontab's own zone) measures from
+    "base | zone=X" and is rewritten in the current format; a format 2 state does not."""
+    legacy = '{"v":1,"last_run_at":%r,"total_run_count":2,"schedule_key":"base"}' % (NOW - 5)
+    plan = plan_entries(["a"], {"a": legacy}, {"a": Every(60)}, {"a": "base | zone=X"}, NOW)
+    (record,) = plan.records
+    assert record.state == EntryState(NOW - 5, 2, "base | zone=X")
+    current = plan_entries(["a"], {"a": state(NOW - 5, count=2, key="base")}, {"a": Every(60)},
+                           {"a": "base | zone=X"}, NOW)
+    (start,) = current.starts
+    assert start.state == EntryState(NOW, 0, "base | zone=X")
