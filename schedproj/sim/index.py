@@ -71,6 +71,7 @@ class Rank(NamedTuple):
 
 
 _Entry = tuple[float, int, str]
+_Group = tuple[str, int, float, float]
 
 
 class LaneIndex:
@@ -91,8 +92,17 @@ class LaneIndex:
         self._seq = 0
         self._looks: list[_Entry] = []
         self._wakes: list[_Entry] = []
-        self._groups: dict[tuple[str, int, float, float],
-                           list[tuple[tuple[object, ...], int, str]]] = {}
+        self._groups: dict[_Group, list[tuple[tuple[object, ...], int, str]]] = {}
+        #: Entries in the groups' heaps, stale ones included (when to compact them).
+        self._entries = 0
+        #: Each group's leader as a walk of one last found it, while no lane joined or left
+        #: the group: (lane, its rank, until when no other lane can tie with it). A group's
+        #: order does not move with time, so only the ratio is computed again.
+        self._tops: dict[_Group, tuple[str, Rank, float]] = {}
+
+    def _group(self, rank: Rank) -> _Group:
+        return (("", 0, 0.0, 1.0) if self.by_order
+                else (rank.pool, rank.tier, rank.cadence_s, rank.weight))
 
     def file(self, lane: str, look: float, wake: float | None, now: float,
              rank: Rank | None = None) -> None:
@@ -103,14 +113,17 @@ class LaneIndex:
         version = self._seq
         self._version[lane] = version
         self.active.discard(lane)
-        self.waiting.pop(lane, None)
+        left = self.waiting.pop(lane, None)
+        if left is not None:
+            self._tops.pop(self._group(left[0]), None)
         if look <= now + LOOK_SLACK_S:
             if rank is None:
                 self.active.add(lane)
                 return
             self.waiting[lane] = (rank, version)
-            group = (("", 0, 0.0, 1.0) if self.by_order
-                     else (rank.pool, rank.tier, rank.cadence_s, rank.weight))
+            group = self._group(rank)
+            self._tops.pop(group, None)
+            self._entries += 1
             key: tuple[object, ...] = ((rank.order, rank.name) if self.by_order else
                                        (rank.last is not None, rank.last or 0.0, rank.order,
                                         rank.name))
@@ -148,12 +161,18 @@ class LaneIndex:
         if not self.waiting:
             return []
         found: dict[str, list[tuple[int, float, str]]] = {}
-        walks = self.walks
-        for (pool, tier, _, _), heap in self._groups.items():
-            top = self._group_top(heap, now, walks.get(pool, 1))
+        walks, tops = self.walks, self._tops
+        for group, heap in self._groups.items():
+            pool, tier = group[0], group[1]
+            walk = walks.get(pool, 1)
+            cached = tops.get(group) if walk == 1 else None
+            if cached is not None and now <= cached[2]:
+                top = [(cached[1].ratio(now), cached[0])]
+            else:
+                top = self._group_top(heap, now, walk, group)
             if top:  # (lists, not generators: a decision asks this of a few groups)
                 found.setdefault(pool, []).extend([(tier, ratio, lane) for ratio, lane in top])
-        if sum(map(len, self._groups.values())) > 4 * len(self.waiting) + 64:
+        if self._entries > 4 * len(self.waiting) + 64:
             self._compact()
         if self.by_order:
             return [lane for lanes in found.values() for _, _, lane in lanes]
@@ -171,11 +190,12 @@ class LaneIndex:
         return out
 
     def _group_top(self, heap: list[tuple[tuple[object, ...], int, str]],
-                   now: float, walk: int = 1) -> list[tuple[float, str]]:
+                   now: float, walk: int = 1, group: _Group | None = None,
+                   ) -> list[tuple[float, str]]:
         """The group's first ``walk`` valid lanes and those tying with the last of them (put
         back afterwards)."""
         if walk == 1:
-            quick = self._group_first(heap, now)
+            quick = self._group_first(heap, now, group)
             if quick is not None:
                 return quick
         taken: list[tuple[tuple[object, ...], int, str]] = []
@@ -186,6 +206,7 @@ class LaneIndex:
             state = self.waiting.get(entry[2])
             if state is None or state[1] != entry[1]:
                 heapq.heappop(heap)  # stale: the lane was filed again or left
+                self._entries -= 1
                 continue
             ratio = state[0].ratio(now)
             if len(out) >= walk and (self.by_order or floor is None or ratio < floor):
@@ -199,7 +220,8 @@ class LaneIndex:
         return out
 
     def _group_first(self, heap: list[tuple[tuple[object, ...], int, str]],
-                     now: float) -> list[tuple[float, str]] | None:
+                     now: float, group: _Group | None = None,
+                     ) -> list[tuple[float, str]] | None:
         """:meth:`_group_top` for a walk of one, without taking the lane out of the heap when
         the entry ranked next cannot tie with it (the usual case, and one a decision meets
         once per group): [] for a group with no valid lane, None when the full walk must
@@ -210,17 +232,24 @@ class LaneIndex:
             state = waiting.get(lane)
             if state is None or state[1] != version:
                 heapq.heappop(heap)  # stale: the lane was filed again or left
+                self._entries -= 1
                 continue
-            ratio = state[0].ratio(now)
-            if self.by_order:
-                return [(ratio, lane)]
-            if len(heap) == 1:
+            rank = state[0]
+            ratio = rank.ratio(now)
+            if self.by_order or len(heap) == 1:
+                if group is not None:  # (the only lane, or the legacy order: no ties)
+                    self._tops[group] = (lane, rank, math.inf)
                 return [(ratio, lane)]
             second = heap[1] if len(heap) == 2 or heap[1] < heap[2] else heap[2]
             other = waiting.get(second[2])
             if other is None or other[1] != second[1]:
                 return None  # a stale entry next: the full walk looks past it
-            return [(ratio, lane)] if other[0].ratio(now) < _floor(ratio) else None
+            next_ratio = other[0].ratio(now)
+            if next_ratio >= _floor(ratio):
+                return None
+            if group is not None:
+                self._tops[group] = (lane, rank, _apart_until(rank, ratio - next_ratio))
+            return [(ratio, lane)]
         return []
 
     def _compact(self) -> None:
@@ -229,10 +258,24 @@ class LaneIndex:
             live = [e for e in heap if (s := self.waiting.get(e[2])) is not None
                     and s[1] == e[1]]
             heapq.heapify(live)
+            self._entries += len(live) - len(heap)
             if live:
                 self._groups[group] = live
             else:
                 del self._groups[group]
+
+
+def _apart_until(first: Rank, gap: float) -> float:
+    """Until when no lane of ``first``'s group ranked after it can tie with it, ``gap``
+    being the difference of their ratios now: within a group the ratios grow at the same
+    rate, so the gap never shrinks, while the tie margin (:data:`RANK_SLACK`, relative) grows
+    with the ratio; the leader is kept while that margin is at most half the gap (the float
+    error of the ratios is far smaller). -inf: no such instant (a gap within a few margins)."""
+    if first.last is None:
+        return math.inf  # never ran: ranked first for good; only another such lane ties
+    if gap < 4 * RANK_SLACK or first.weight <= 0:
+        return -math.inf
+    return first.last + gap / (2 * RANK_SLACK) * first.cadence_s / first.weight
 
 
 def _floor(ratio: float) -> float:
