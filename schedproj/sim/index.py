@@ -95,10 +95,11 @@ class LaneIndex:
         self._groups: dict[_Group, list[tuple[tuple[object, ...], int, str]]] = {}
         #: Entries in the groups' heaps, stale ones included (when to compact them).
         self._entries = 0
-        #: Each group's leader as a walk of one last found it, while no lane joined or left
-        #: the group: (lane, its rank, until when no other lane can tie with it). A group's
-        #: order does not move with time, so only the ratio is computed again.
-        self._tops: dict[_Group, tuple[str, Rank, float]] = {}
+        #: Each group's leader as a walk of one last found it: (lane, its rank, until when
+        #: no other lane of the group can tie with it, its heap key). A group's order does
+        #: not move with time, so only the ratio is computed again; a lane joining the group
+        #: is compared with the leader (:meth:`_join`), the leader leaving drops it.
+        self._tops: dict[_Group, tuple[str, Rank, float, tuple[object, ...]]] = {}
 
     def _group(self, rank: Rank) -> _Group:
         return (("", 0, 0.0, 1.0) if self.by_order
@@ -115,24 +116,48 @@ class LaneIndex:
         self.active.discard(lane)
         left = self.waiting.pop(lane, None)
         if left is not None:
-            self._tops.pop(self._group(left[0]), None)
+            group = self._group(left[0])
+            top = self._tops.get(group)
+            if top is not None and top[0] == lane:
+                del self._tops[group]  # (another lane leaving only widens the leader's lead)
         if look <= now + LOOK_SLACK_S:
             if rank is None:
                 self.active.add(lane)
                 return
             self.waiting[lane] = (rank, version)
             group = self._group(rank)
-            self._tops.pop(group, None)
             self._entries += 1
             key: tuple[object, ...] = ((rank.order, rank.name) if self.by_order else
                                        (rank.last is not None, rank.last or 0.0, rank.order,
                                         rank.name))
+            if group in self._tops:
+                self._join(group, lane, rank, key, now)
             heapq.heappush(self._groups.setdefault(group, []), (key, version, lane))
             return
         if look != math.inf:
             heapq.heappush(self._looks, (look, version, lane))
         if wake is not None and wake != math.inf:
             heapq.heappush(self._wakes, (wake, version, lane))
+
+    def _join(self, group: _Group, lane: str, rank: Rank, key: tuple[object, ...],
+              now: float) -> None:
+        """A lane joins a group whose leader is kept: it leads now if it ranks first, and
+        until when no lane can tie with the leader is shortened by its gap (the gaps within
+        a group never shrink). Dropped when that cannot be told (ties, two never-run lanes)."""
+        tops = self._tops
+        lead, lead_rank, until, lead_key = tops[group]
+        if self.by_order:  # (declared order and name: no ties)
+            if key < lead_key:
+                tops[group] = (lane, rank, math.inf, key)
+            return
+        mine, theirs = rank.ratio(now), lead_rank.ratio(now)
+        if mine == theirs == math.inf:
+            del tops[group]
+        elif key < lead_key:  # leads now: every other lane trails the old leader, and it
+            tops[group] = (lane, rank, _apart_until(rank, mine - theirs), key)
+        elif theirs != math.inf:
+            tops[group] = (lead, lead_rank, min(until, _apart_until(lead_rank, theirs - mine)),
+                           lead_key)
 
     def _valid(self, version: int, lane: str) -> bool:
         return self._version.get(lane) == version
@@ -238,7 +263,7 @@ class LaneIndex:
             ratio = rank.ratio(now)
             if self.by_order or len(heap) == 1:
                 if group is not None:  # (the only lane, or the legacy order: no ties)
-                    self._tops[group] = (lane, rank, math.inf)
+                    self._tops[group] = (lane, rank, math.inf, heap[0][0])
                 return [(ratio, lane)]
             second = heap[1] if len(heap) == 2 or heap[1] < heap[2] else heap[2]
             other = waiting.get(second[2])
@@ -248,7 +273,8 @@ class LaneIndex:
             if next_ratio >= _floor(ratio):
                 return None
             if group is not None:
-                self._tops[group] = (lane, rank, _apart_until(rank, ratio - next_ratio))
+                self._tops[group] = (lane, rank, _apart_until(rank, ratio - next_ratio),
+                                     heap[0][0])
             return [(ratio, lane)]
         return []
 
