@@ -308,3 +308,59 @@ def test_the_simulator_bench_runs_both_plannings_and_finds_them_identical(
     assert row["identical_runs"] is True and row["lanes"] == 26
     assert row["full_lanes_planned_per_decision"] == 26
     assert row["lanes_planned_per_decision"] < 26 and row["decisions"] > 0
+
+
+class Resting(Simulation):
+    """A simulation that counts, at each decision planned from the index, the gated lanes
+    left resting and whether the lease's holder was left out."""
+
+    rested = 0
+    holder_left_out = 0
+
+    def _plan_lanes(self, lanes, t):  # type: ignore[no-untyped-def]
+        if lanes is not self.rts:  # (Planning.CHECK also plans every lane)
+            names = {rt.name for rt in lanes}
+            self.rested += len(self.resting.keys() - names)
+            self.holder_left_out += self.lease is not None and self.lease.lane not in names
+        return super()._plan_lanes(lanes, t)
+
+
+@pytest.mark.parametrize("name", ["trace", "forensic", "family-60"])
+def test_resting_gated_lanes_and_the_holder_are_left_out_deciding_the_same(name: str) -> None:
+    """A due gated lane its gate defers (or, heavy, waiting for the lease behind a gate that
+    blocks) is planned again only when its plan could change — it or a blocker moved, the
+    lease was taken or freed, the gate's max_defer_s ran out — and the lease's holder is not
+    planned (a gated lane planned brings it as a blocker): Planning.CHECK plans every lane
+    beside at every decision and raises at the first difference."""
+    sim = Resting(SCENARIOS[name], Variant(Policy.STALENESS, True), 1,
+                  planning=Planning.CHECK)
+    sim.run()
+    assert sim.rested > 0 and sim.holder_left_out > 0, (sim.rested, sim.holder_left_out)
+
+
+def test_kept_leaders_are_the_leaders_found_afresh() -> None:
+    """Each group's leader is kept between calls while lanes join and leave (compared with a
+    newcomer, dropped when it leaves): at every instant it names what an index holding the
+    same waiting lanes, never asked before, names — near-ties and never-run lanes included."""
+    import random
+    rnd = random.Random(7)
+    kept = LaneIndex(by_order=False)
+    filed: dict[str, Rank] = {}
+    now = 1000.0
+    for step in range(3000):
+        now += rnd.choice([0.0, 0.5, 30.0, 1e-7])
+        name = f"l{rnd.randrange(40)}"
+        if name in filed and rnd.random() < 0.4:
+            kept.file(name, now + 100.0, None, now)  # leaves: not due
+            del filed[name]
+        else:
+            # Lasts a hair apart, fixed while the ratios grow: ties begin as time passes.
+            last = (None if rnd.random() < 0.02 else
+                    rnd.choice([now - rnd.choice([1.0, 1.0 + 1e-12, 50.0]),
+                                900.0 + rnd.choice([0.0, 1e-12, 1e-6, 1e-5, 3e-5])]))
+            filed[name] = rank(name, last, cadence=rnd.choice([100.0, 200.0]))
+            kept.file(name, now, None, now, filed[name])
+        fresh = LaneIndex(by_order=False)
+        for lane, r in filed.items():
+            fresh.file(lane, now, None, now, r)
+        assert sorted(kept.leaders(now)) == sorted(fresh.leaders(now)), step
