@@ -419,7 +419,8 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         past that is no longer true."""
         e = self.engine
         fresh = now - self._last_read_at <= self.settings.beat_lock_ttl_s
-        lost = self.active and fresh and (snap.epoch.cause != "" or (
+        current = self.active and fresh  # no other beat can have been active since
+        lost = current and (snap.epoch.cause != "" or (
             snap.lock.event != "renewed" and snap.epoch.quarantine_left_s > 0))
         remembered = {lane: st.run for lane, st in e.memory.states.items()}
         e.memory.reset()
@@ -431,7 +432,7 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         self._reconciled_at = now
         if lost:
             e.recovery.put_back(remembered, now)
-        e.entries.take_over(now, put_back=lost)
+        e.entries.take_over(now, put_back=lost, current=current)
         snap = self._snapshot(now, cursor=None)
         # The full read left its tables as garbage in Redis's Lua heap; collected now, once,
         # rather than a step at a time on every later script call (the idle tick's included).

@@ -440,6 +440,12 @@ class CodeEntries(Mapping[str, LoadedEntry]):
             self._runs = list(self._runs)
             self._runs[i] = state.total_run_count
 
+    def forget(self) -> None:
+        """Remember nothing (:meth:`BeatEntries.take_over` of a beat new to the lock)."""
+        n = len(self._names)
+        self._last_run_at = array("d", [_NOTHING]) * n
+        self._runs = array("I", [0]) * n
+
     def remembered(self) -> Iterator[tuple[str, EntryState]]:
         """Every state remembered, as it would be stored."""
         for i, last in enumerate(self._last_run_at):
@@ -597,14 +603,20 @@ class BeatEntries:
         missing from the due index due now, and publish the listing afresh."""
         self._reconcile = True
 
-    def take_over(self, now: float, *, put_back: bool = False) -> None:
+    def take_over(self, now: float, *, put_back: bool = False, current: bool = False) -> None:
         """This beat just became active (or Redis lost state): load the runtime entries,
         delete the state of entries that no longer exist, and index every entry for a look
         now, so the ticks that follow judge each from its stored state. With ``put_back``
         (Redis lost state while this beat ran, and what it remembers is current), first write
-        back the states it remembers where Redis now holds none."""
+        back the states it remembers where Redis now holds none. Without ``current`` (this
+        beat was not the active one a moment ago: it stood by, or was frozen past its lock),
+        what it remembers is forgotten first: another beat may have sent due times since."""
         self._take_over_pending = put_back
         try:
+            if not current:
+                # Another beat may have sent due times since this one last wrote: what it
+                # remembers is a past no longer true; judged from, it would send them again.
+                self._forget()
             if put_back:
                 self._put_back()
             self._load_runtime()
@@ -633,6 +645,12 @@ class BeatEntries:
                             len(self.runtime))
         except redis.ResponseError as exc:
             self._say_refused(exc, now)
+
+    def _forget(self) -> None:
+        """Drop every state remembered (the stored states are read afresh)."""
+        self.code.forget()
+        for entry in self.runtime.values():
+            entry.last_run_at, entry.runs = None, 0
 
     def _runtime_raws(self) -> dict[str, str]:
         return {name: e.raw for name, e in self.runtime.items()}
@@ -694,7 +712,8 @@ class BeatEntries:
         its schedule judged it due, and the next tick would find it due again at once."""
         now = max(now, time.time())
         if self._take_over_pending is not None:   # refused before: finish it first
-            self.take_over(now, put_back=self._take_over_pending)
+            # (What had to be forgotten was, before anything that Redis could refuse.)
+            self.take_over(now, put_back=self._take_over_pending, current=True)
             if self._take_over_pending is not None:
                 return self.head
         try:

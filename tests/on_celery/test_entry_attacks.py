@@ -249,6 +249,34 @@ def test_a_state_restored_from_an_older_copy_does_not_resend_a_due_time(
     assert after == 1, "the due time just sent was sent again"
 
 
+def test_a_beat_back_from_standing_by_does_not_send_what_another_sent_meanwhile(
+        key_prefix: str, queues: redis.Redis, redis_client: redis.Redis) -> None:  # noqa: F811
+    """Found by the short chaos run: beat A sends e, Redis is out of reach past A's lock, beat
+    B takes over and sends e's next due time, then Redis loses its state; A takes the lock
+    again. What A remembers (its own send) is older than what B sent: judged from it, A sends
+    B's due time a second time. A beat new to the lock judges from what Redis holds."""
+    keys = Keys(key_prefix)
+    entries = {"e": {"task": "shop.report", "schedule": 2.0}}
+    a = FairScheduler(app=app_with(key_prefix, entries))
+    b = FairScheduler(app=app_with(key_prefix, entries))
+    a.tick()  # (a first look counts from now)
+    time.sleep(2.05)
+    a.tick()
+    assert sent(queues) == 1
+    redis_client.delete(keys.beat_lock)  # A's lock lapsed while Redis was out of its reach
+    time.sleep(2.05)
+    ticks(b, 2, 0.05)
+    assert sent(queues) == 2, "B sends the due time that came while A was cut off"
+    a.tick()  # A finds B holding the lock: it stands by
+    for key in redis_client.scan_iter(f"{key_prefix}:*"):  # Redis loses the state
+        redis_client.delete(key)
+    ticks(a, 3, 0.1)
+    after = sent(queues)
+    a.close()
+    b.close()
+    assert after == 2, "A sent again the due time B had sent"
+
+
 def test_a_cron_entry_moved_to_another_zone_counts_from_now(
         key_prefix: str, queues: redis.Redis, redis_client: redis.Redis) -> None:  # noqa: F811
     """docs/entries.md: a changed schedule starts from its new definition (counts from now).
