@@ -624,7 +624,9 @@ class Simulation:
     # -- which lanes a decision plans (schedproj.sim.index) --------------------------------------
     def _plan(self, t: float) -> tuple[Plan, dict[str, LaneState]]:
         """Plan a decision at ``t``: on every lane, or on those the due index names (the
-        lanes due, changed, read always, the holder and the waiting lanes' leaders)."""
+        lanes due, changed, read always, a pool's holders and the waiting lanes' leaders;
+        not the lease's holder, nor a gated lane at rest: see ``resting``) and the blockers
+        of the gated lanes among them."""
         if self.planning is Planning.FULL:
             return self._plan_lanes(self.rts, t)
         index = self.index
