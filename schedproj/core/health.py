@@ -41,7 +41,8 @@ class Posture(StrEnum):
     #: Nothing has waited past the threshold and the lease is within its hold cap.
     HEALTHY = "healthy"
     #: A lane (heavy or light, deferred behind the lease, a gate or the pick) has waited
-    #: undispatched past the threshold, or the lease is held past the hold cap, or a lane has
+    #: undispatched past the threshold, or the lease (or a pool's slot) is held past the hold
+    #: cap, or a lane has
     #: been due past :data:`UNDISPATCHED_AFTER_S` with beat neither dispatching nor deferring
     #: it, or a heavy calendar lane missed :data:`MISSED_IN_A_ROW` fire times in a row.
     DEGRADED = "degraded"
@@ -144,12 +145,16 @@ class Health:
     missing: tuple[str, ...] = ()
     #: Every pool, the default pool ``heavy`` (the lease) first, then the others by name.
     pools: tuple[PoolGauge, ...] = ()
+    #: Slots of the pools beyond the default whose run has held them past the hold cap, as
+    #: ``pool:slot`` (the lease's own is ``lease_over_cap``).
+    slots_over_cap: tuple[str, ...] = ()
 
     @property
     def posture(self) -> Posture:
         if self.unreadable or not self.lanes:
             return Posture.UNKNOWN
-        if self.starving or self.lease_over_cap or self.undispatched or self.missing:
+        if (self.starving or self.lease_over_cap or self.slots_over_cap or self.undispatched
+                or self.missing):
             return Posture.DEGRADED
         return Posture.HEALTHY
 
@@ -229,11 +234,15 @@ def assess(
     missing = tuple(h.name for h in lanes
                     if h.kind == "heavy" and h.enabled and not h.paused and not h.in_flight
                     and h.missed_in_a_row >= MISSED_IN_A_ROW and h.name not in bad)
+    gauges = pool_gauges(ordered, lanes, lease, now, pools or {}, slots)
+    # A pool's run held past the cap is the same stall as the lease's: its pool waits on it.
+    slots_over = tuple(f"{pool.pool}:{held.slot}" for pool in gauges if pool.pool != DEFAULT_POOL
+                       for held in pool.holders
+                       if held.started_at is not None and held.held_s > hold_cap_s)
     return Health(now=now, lease=gauge, chain_depth=max(0, len(chain) - 1), chain=chain,
                   lanes=lanes, starving=starving, lease_over_cap=over_cap,
                   unreadable=tuple(sorted(unreadable)), undispatched=undispatched,
-                  missing=missing,
-                  pools=pool_gauges(ordered, lanes, lease, now, pools or {}, slots))
+                  missing=missing, pools=gauges, slots_over_cap=slots_over)
 
 
 def _slot_gauge(index: int, held: LeaseView, now: float) -> SlotGauge:

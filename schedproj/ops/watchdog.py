@@ -50,6 +50,7 @@ def reasons_of(health: Health) -> tuple[str, ...]:
     out += [f"missed-fires:{lane}" for lane in health.missing]
     if health.lease_over_cap and health.lease is not None:
         out.append(f"lease-over-cap:{health.lease.holder}")
+    out += [f"slot-over-cap:{slot}" for slot in health.slots_over_cap]
     out += [f"unreadable:{name}" for name in health.unreadable]
     return tuple(out)
 

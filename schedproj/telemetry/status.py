@@ -190,6 +190,7 @@ def as_json(obs: Observation, health: Health, family: str | None = None) -> dict
         "undispatched": undispatched_json(health),
         "missing": list(health.missing),
         "lease_over_cap": health.lease_over_cap,
+        "slots_over_cap": list(health.slots_over_cap),
         "lanes": [lane_json(obs, h) for h in shown_lanes(obs, health, family)],
         "families": [{**asdict(f), "max_ratio": None if math.isinf(f.max_ratio)
                       else f.max_ratio, "schedule": family_schedule(obs, f.family)}
@@ -274,8 +275,10 @@ def pool_lines(obs: Observation, health: Health) -> list[str]:
                      + f"; pressure: {pressing}")
         for held in gauge.holders:
             state = "running" if held.started_at is not None else "granted, not started"
+            over = f"{gauge.pool}:{held.slot}" in health.slots_over_cap
             lines.append(f"  slot {held.slot}: {held.holder or '? (unreadable record)'} "
-                         f"({state}) for {_duration(held.held_s)}, fence {held.fence}")
+                         f"({state}) for {_duration(held.held_s)}, fence {held.fence}"
+                         + (" — PAST THE HOLD CAP" if over else ""))
     return lines
 
 

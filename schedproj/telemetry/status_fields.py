@@ -141,6 +141,8 @@ CATALOG: tuple[StatusField, ...] = (
        "fire times in a row (their catch-up window passed unrun) and are not running now."),
     _F("lease_over_cap", "true/false", "The run holding the lease has held it past the hold "
        "cap " + _setting("SCHEDPROJ_HOLD_CAP_S") + "."),
+    _F("slots_over_cap", "list of text", "Slots of the pools beyond the default (`pool:slot`) "
+       "whose run has held them past the hold cap: the posture is degraded, as for the lease."),
     # -- lanes -----------------------------------------------------------------------------
     _F("lanes", "list of objects", "One row per lane of its own, by declared `order` then name; "
        "family "

@@ -205,3 +205,23 @@ def test_each_pool_shows_its_slots_holders_and_ranked_waiters() -> None:
     # Beat's ranking: priority-0 first, then the weighted ratio (2 x 1.5 = 3 > 2.5); the
     # holder and the lane not yet due do not wait.
     assert pool.waiters == ("p0", "heavier", "low") and pool.waiting == 3
+
+
+def test_a_slot_held_past_the_hold_cap_degrades_the_posture_as_the_lease_does() -> None:
+    """A pool's run past the cap stalls its pool as a lease holder past it stalls the lease:
+    the posture is degraded and the slot is named; granted but not started, it is not."""
+    specs = [replace(spec("a"), pool="gpu"), replace(spec("b"), pool="gpu")]
+    ran = {name: LaneState(run=RunRecord(last_run_at=NOW - 10)) for name in ("a", "b")}
+
+    def held(started_ago: float | None, lane: str = "a") -> LeaseView:
+        return LeaseView(lane=lane, token="t", fence=3, granted_at=NOW - 2 * CAP,
+                         started_at=None if started_ago is None else NOW - started_ago)
+
+    def judge(*slots: LeaseView | None) -> tuple[str, tuple[str, ...]]:
+        h = assess(specs, ran, None, NOW, Profile.LOCAL, starvation_threshold_s=THRESHOLD,
+                   hold_cap_s=CAP, pools={"gpu": 2}, slots={"gpu": list(slots)})
+        return h.posture.value, h.slots_over_cap
+
+    assert judge(None, held(CAP - 1)) == ("healthy", ())
+    assert judge(None, held(CAP + 1)) == ("degraded", ("gpu:1",))
+    assert judge(held(None), None) == ("healthy", ())
