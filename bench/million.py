@@ -277,6 +277,44 @@ def complete_light(client: redis.Redis, keys: Keys, names: list[str], due_at: fl
     pipe.execute()
 
 
+def rank_cycles(sched: FairScheduler, sent: list[int], client: redis.Redis, keys: Keys,
+                due_heavy: list[str], cycles: int) -> dict[str, Any]:
+    """Rank and grant with ``due_heavy`` due, then the lease-held ticks, ``cycles`` times
+    after a first cycle (which also marks the due lanes read), beside the read-and-max floor."""
+    ranks, helds, steady, floors = [], [], [], []
+    for cycle in range(cycles + 1):
+        before_sent = sent[0]
+        rank = timed(sched.tick)[:2]
+        assert sent[0] == before_sent + 1, "the ranking tick did not send exactly the winner"
+        held = timed(sched.tick)[:2]
+        later = [timed(sched.tick)[:2] for _ in range(STEADY_HELD_TICKS)]
+        assert sent[0] == before_sent + 1, "a tick sent while the lease was held"
+        floors.append(rank_floor(client, keys, due_heavy))
+        end_run(client, keys)
+        if cycle > 0:  # the first cycle also marks the due lanes read (changed set)
+            ranks.append(rank)
+            helds.append(held)
+            steady.extend(later)
+    return {"due": len(due_heavy), "rank_tick": tick_stats(ranks),
+            "held_tick": tick_stats(helds), "steady_held_tick": tick_stats(steady),
+            "floor": {"ms": summary(floors[1:] or floors, 1000.0)}}
+
+
+def light_cycles(sched: FairScheduler, sent: list[int], client: redis.Redis, keys: Keys,
+                 light: list[str], cycles: int) -> list[tuple[float, int]]:
+    """The ticks that dispatch ``light`` due at once, ``cycles`` times after a first."""
+    samples = []
+    for cycle in range(cycles + 1):
+        complete_light(client, keys, light, time.time() - 2 * CADENCE_S)
+        before_sent = sent[0]
+        sample = timed(sched.tick)[:2]
+        assert sent[0] - before_sent == len(light), \
+            f"dispatched {sent[0] - before_sent} of {len(light)} due light lanes"
+        if cycle > 0:
+            samples.append(sample)
+    return samples
+
+
 def run_family(url: str, n: int, due: int, reps: int, cycles: int, result: dict[str, Any],
                *, trace: bool, profile: bool) -> None:
     client = redis.Redis.from_url(url, decode_responses=True)
@@ -306,24 +344,7 @@ def run_family(url: str, n: int, due: int, reps: int, cycles: int, result: dict[
     # Rank and grant with `due` heavy members due among the N.
     due_heavy = heavy[:: max(1, n // due)][:due]
     make_heavy_due(client, keys, due_heavy, time.time())
-    ranks, helds, steady, floors = [], [], [], []
-    for cycle in range(cycles + 1):
-        before_sent = sent[0]
-        rank = timed(sched.tick)[:2]
-        assert sent[0] == before_sent + 1, "the ranking tick did not send exactly the winner"
-        held = timed(sched.tick)[:2]
-        later = [timed(sched.tick)[:2] for _ in range(STEADY_HELD_TICKS)]
-        assert sent[0] == before_sent + 1, "a tick sent while the lease was held"
-        floors.append(rank_floor(client, keys, due_heavy))
-        end_run(client, keys)
-        if cycle > 0:  # the first cycle also marks the due lanes read (changed set)
-            ranks.append(rank)
-            helds.append(held)
-            steady.extend(later)
-    result["rank"] = {"due": len(due_heavy), "rank_tick": tick_stats(ranks),
-                      "held_tick": tick_stats(helds),
-                      "steady_held_tick": tick_stats(steady),
-                      "floor": {"ms": summary(floors[1:] or floors, 1000.0)}}
+    result["rank"] = rank_cycles(sched, sent, client, keys, due_heavy, cycles)
     if profile:
         result["profile"]["rank"] = profiled(sched.tick)
         result["profile"]["held"] = profiled(sched.tick)
@@ -333,15 +354,7 @@ def run_family(url: str, n: int, due: int, reps: int, cycles: int, result: dict[
     # Light dispatch: the heavy members idle again, then `due` light members due at once.
     seed_idle(client, keys, due_heavy, time.time())
     sched.tick()
-    samples = []
-    for cycle in range(cycles + 1):
-        complete_light(client, keys, light, time.time() - 2 * CADENCE_S)
-        before_sent = sent[0]
-        sample = timed(sched.tick)[:2]
-        assert sent[0] - before_sent == len(light), \
-            f"dispatched {sent[0] - before_sent} of {len(light)} due light lanes"
-        if cycle > 0:
-            samples.append(sample)
+    samples = light_cycles(sched, sent, client, keys, light, cycles)
     result["dispatch"] = dispatch_stats(samples, len(light))
     sched.close()
     del sched
@@ -467,6 +480,27 @@ def redbeat_make_due(sched: Any, client: redis.Redis, names: list[str]) -> None:
     pipe.execute()
 
 
+def idle_pair(fair: FairScheduler, fair_sent: list[int], peer: Any, peer_sent: list[int],
+              reps: int, peer_expected: int) -> dict[str, Any]:
+    """Idle ticks of ``fair`` and the redbeat scheduler ``peer`` interleaved in one process:
+    the medians and their ratio (neither may send)."""
+    fair.tick()
+    peer.tick()
+    fair_s: list[tuple[float, int]] = []
+    peer_s: list[tuple[float, int]] = []
+    for _ in range(reps):
+        fair_s.append(timed(fair.tick)[:2])
+        peer_s.append(timed(peer.tick)[:2])
+    assert fair_sent[0] == 0 and peer_sent[0] == peer_expected, "an idle tick sent messages"
+    f, p = tick_stats(fair_s), tick_stats(peer_s)
+    out = {"reps": reps, "fair_ms": f["ms"], "redbeat_ms": p["ms"],
+           "fair_round_trips": f["round_trips"], "redbeat_round_trips": p["round_trips"],
+           "ratio": round(statistics.median(x for x, _ in fair_s)
+                          / statistics.median(x for x, _ in peer_s), 3)}
+    say(f"pair: {out['ratio']}")
+    return out
+
+
 def run_redbeat(url: str, n: int, due: int, reps: int, cycles: int, pair_reps: int,
                 result: dict[str, Any], *, trace: bool, hours: tuple[int, ...]) -> None:
     if redbeat_schedulers is None:
@@ -515,25 +549,10 @@ def run_redbeat(url: str, n: int, due: int, reps: int, cycles: int, pair_reps: i
     # The FairSchedulers' set-up outlasted redbeat's lock (nothing ticked it meanwhile): take
     # it again, as a restarted `celery beat` would.
     redbeat_schedulers.acquire_distributed_beat_lock(sender=SimpleNamespace(scheduler=sched))
-    result["pair"] = {}
-    for name, fair, fair_sent in (("family", family, family_sent),
-                                  ("entries", entries, entries_sent)):
-        fair.tick()
-        sched.tick()
-        fair_s: list[tuple[float, int]] = []
-        peer_s: list[tuple[float, int]] = []
-        for _ in range(pair_reps):
-            fair_s.append(timed(fair.tick)[:2])
-            peer_s.append(timed(sched.tick)[:2])
-        assert fair_sent[0] == 0 and sent[0] == len(names) * (cycles + 1), \
-            "an idle tick sent messages"
-        f, p = tick_stats(fair_s), tick_stats(peer_s)
-        result["pair"][name] = {
-            "reps": pair_reps, "fair_ms": f["ms"], "redbeat_ms": p["ms"],
-            "fair_round_trips": f["round_trips"], "redbeat_round_trips": p["round_trips"],
-            "ratio": round(statistics.median(s for s, _ in fair_s)
-                           / statistics.median(s for s, _ in peer_s), 3)}
-        say(f"pair {name}: {result['pair'][name]['ratio']}")
+    result["pair"] = {name: idle_pair(fair, fair_sent, sched, sent, pair_reps,
+                                      len(names) * (cycles + 1))
+                      for name, fair, fair_sent in (("family", family, family_sent),
+                                                    ("entries", entries, entries_sent))}
     family.close()
     entries.close()
     sched.close()
@@ -622,6 +641,20 @@ def fmt(x: Any) -> str:
     return str(x)
 
 
+def goals_table(goals: dict[str, Any]) -> list[str]:
+    """The section's goals as Markdown lines: each ratio or value, its limit, met or not."""
+    lines = ["", "Goals:", "", "| goal | ratio / value | limit | met |",
+             "| --- | --- | --- | --- |"]
+    for name, v in goals.items():
+        if isinstance(v, dict):
+            value = v.get("ratio", v.get("bytes"))
+            lines.append(f"| {name} | {fmt(value)} | {fmt(v.get('limit'))} | "
+                         f"{'-' if v.get('met') is None else ('met' if v['met'] else 'MISSED')} |")
+        else:
+            lines.append(f"| {name} | {fmt(v)} | - | (reported) |")
+    return lines
+
+
 def markdown(out: dict[str, Any]) -> str:
     """The section's tables (``bench.run`` appends them to its Markdown)."""
     fam, ent, rb, g = out["family"], out["entries"], out["redbeat"], out["goals"]
@@ -673,15 +706,7 @@ def markdown(out: dict[str, Any]) -> str:
         for k in (_get(res, "redis", "keys") or [])[:6]:
             lines.append(f"| {name} | `{k['key']}` | {k['type']} | {k['encoding']} | "
                          f"{fmt(k['length'])} | {fmt(k['bytes_per_lane'])} |")
-    lines += ["", "Goals:", "", "| goal | ratio / value | limit | met |",
-              "| --- | --- | --- | --- |"]
-    for name, v in g.items():
-        if isinstance(v, dict):
-            value = v.get("ratio", v.get("bytes"))
-            lines.append(f"| {name} | {fmt(value)} | {fmt(v.get('limit'))} | "
-                         f"{'-' if v.get('met') is None else ('met' if v['met'] else 'MISSED')} |")
-        else:
-            lines.append(f"| {name} | {fmt(v)} | - | (reported) |")
+    lines += goals_table(g)
     return "\n".join(lines) + "\n"
 
 
