@@ -57,7 +57,7 @@ from bench.tickcost import (
     noop_sends,
     proc_kib,
     profiled,
-    rank_floor,
+    rank_cycles,
     read_memory,
     redbeat_app,
     settled_rss_kib,
@@ -84,8 +84,6 @@ except ImportError:  # pragma: no cover - reported as skipped
 HEAVY_FAMILY = "tenant.sync"
 LIGHT_FAMILY = "tenant.ping"
 FAMILY_PREFIX = "mf"
-#: Lease-held ticks timed after the first one of each ranking cycle.
-STEADY_HELD_TICKS = 5
 #: Seeded records are written this many lanes per pipeline.
 SEED_CHUNK = 5000
 
@@ -277,29 +275,6 @@ def complete_light(client: redis.Redis, keys: Keys, names: list[str], due_at: fl
     pipe.execute()
 
 
-def rank_cycles(sched: FairScheduler, sent: list[int], client: redis.Redis, keys: Keys,
-                due_heavy: list[str], cycles: int) -> dict[str, Any]:
-    """Rank and grant with ``due_heavy`` due, then the lease-held ticks, ``cycles`` times
-    after a first cycle (which also marks the due lanes read), beside the read-and-max floor."""
-    ranks, helds, steady, floors = [], [], [], []
-    for cycle in range(cycles + 1):
-        before_sent = sent[0]
-        rank = timed(sched.tick)[:2]
-        assert sent[0] == before_sent + 1, "the ranking tick did not send exactly the winner"
-        held = timed(sched.tick)[:2]
-        later = [timed(sched.tick)[:2] for _ in range(STEADY_HELD_TICKS)]
-        assert sent[0] == before_sent + 1, "a tick sent while the lease was held"
-        floors.append(rank_floor(client, keys, due_heavy))
-        end_run(client, keys)
-        if cycle > 0:  # the first cycle also marks the due lanes read (changed set)
-            ranks.append(rank)
-            helds.append(held)
-            steady.extend(later)
-    return {"due": len(due_heavy), "rank_tick": tick_stats(ranks),
-            "held_tick": tick_stats(helds), "steady_held_tick": tick_stats(steady),
-            "floor": {"ms": summary(floors[1:] or floors, 1000.0)}}
-
-
 def light_cycles(sched: FairScheduler, sent: list[int], client: redis.Redis, keys: Keys,
                  light: list[str], cycles: int) -> list[tuple[float, int]]:
     """The ticks that dispatch ``light`` due at once, ``cycles`` times after a first."""
@@ -344,7 +319,8 @@ def run_family(url: str, n: int, due: int, reps: int, cycles: int, result: dict[
     # Rank and grant with `due` heavy members due among the N.
     due_heavy = heavy[:: max(1, n // due)][:due]
     make_heavy_due(client, keys, due_heavy, time.time())
-    result["rank"] = rank_cycles(sched, sent, client, keys, due_heavy, cycles)
+    result["rank"] = {"due": len(due_heavy),
+                      **rank_cycles(sched, sent, client, keys, due_heavy, cycles)}
     if profile:
         result["profile"]["rank"] = profiled(sched.tick)
         result["profile"]["held"] = profiled(sched.tick)

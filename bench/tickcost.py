@@ -307,32 +307,41 @@ def fair_rank(url: str, n: int, reps: int, result: dict[str, Any], profile: bool
             last_outcome=Outcome.COMPLETED, runs=1))
         for i, name in enumerate(names)}, dict.fromkeys(names, now - 1.0))
     sched, sent = fair_scheduler(app)
+    result["rank"] = rank_cycles(sched, sent, client, keys, names, reps)
+    if profile:
+        result["profile"]["rank"] = profiled(sched.tick)
+        result["profile"]["held"] = profiled(sched.tick)
+    sched.close()
+
+
+def rank_cycles(sched: Any, sent: list[int], client: redis.Redis, keys: Keys,
+                due: list[str], cycles: int,
+                steady_ticks: int = STEADY_HELD_TICKS) -> dict[str, Any]:
+    """The ranking tick with ``due`` due (it sends the winner), the lease-held ticks after it
+    (the first, then ``steady_ticks`` more) and the read-and-max floor, ``cycles`` times after
+    a first cycle left out (it loads the scripts, announces the beat, marks the lanes read)."""
     ranks: list[tuple[float, int]] = []
     helds: list[tuple[float, int]] = []
     steady: list[tuple[float, int]] = []
     floors: list[float] = []
-    for cycle in range(reps + 1):
+    for cycle in range(cycles + 1):
         before = sent[0]
         rank = timed(sched.tick)[:2]
         assert sent[0] == before + 1, "the ranking tick did not send exactly the winner"
         held = timed(sched.tick)[:2]
         # A run holds the lease for many ticks: the ones after the first (which follows the
-        # ranking tick's 10,000 record writes, and pays for Redis settling after them).
-        later = [timed(sched.tick)[:2] for _ in range(STEADY_HELD_TICKS)]
+        # ranking tick's record writes, and pays for Redis settling after them).
+        later = [timed(sched.tick)[:2] for _ in range(steady_ticks)]
         assert sent[0] == before + 1, "a tick sent while the lease was held"
-        floors.append(rank_floor(client, keys, names))
+        floors.append(rank_floor(client, keys, due))
         end_run(client, keys)
-        if cycle > 0:  # the first cycle also loads the scripts and announces the beat
+        if cycle > 0:
             ranks.append(rank)
             helds.append(held)
             steady.extend(later)
-    result["rank"] = {"rank_tick": tick_stats(ranks), "held_tick": tick_stats(helds),
-                      "steady_held_tick": tick_stats(steady),
-                      "floor": {"ms": summary(floors[1:] or floors, 1000.0)}}
-    if profile:
-        result["profile"]["rank"] = profiled(sched.tick)
-        result["profile"]["held"] = profiled(sched.tick)
-    sched.close()
+    return {"rank_tick": tick_stats(ranks), "held_tick": tick_stats(helds),
+            "steady_held_tick": tick_stats(steady),
+            "floor": {"ms": summary(floors[1:] or floors, 1000.0)}}
 
 
 def end_run(client: redis.Redis, keys: Keys) -> None:
