@@ -591,8 +591,8 @@ def test_paused_holder_never_overwrites_a_newer_runs_mark(redis_client: redis.Re
     newer = lifecycle.started(rec, task_id="T-new", now=time.time(),
                               running_until=time.time() + 60, fence=9)
     assert store.cas_run("X", raw, newer)[0]
-    rt = SimpleNamespace(store=store, settings=SimpleNamespace(lease_ttl_s=20.0,
-                                                               heavy_time_limit_s=600.0))
+    rt = SimpleNamespace(store=store, keys=Keys(key_prefix),
+                         settings=SimpleNamespace(lease_ttl_s=20.0, heavy_time_limit_s=600.0))
     ctx = RunContext(lane="X", task_id="T-old", started_at=time.time() - 30, hold_cap_s=None,
                      fence=5)  # resumed after a pause: its lease passed to fence 9
     LaneTask._mark_running(LaneTask(), rt, ctx)
