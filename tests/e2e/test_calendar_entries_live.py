@@ -26,7 +26,7 @@ import pytest
 import redis
 
 from schedproj.core.entries import EntryState
-from schedproj.on_celery.entries import schedule_key
+from schedproj.on_celery.entries import entry_key, schedule_key
 from schedproj.store.protocol import CounterKind, Keys, counter_field
 from tests import calendar_entries_e2e as cal
 from tests.conftest import E2E_REDIS_URL
@@ -69,7 +69,10 @@ def test_crontab_entries_coalesce_or_miss_and_a_one_off_runs_once(
             time.sleep(60 - time.time() % 60 + cal.DEADLINE_S + 1)
         seeded = time.time() - 180
         for name, sched in cal.schedules(hours).items():
-            r.hset(KEYS.entries, name, EntryState(seeded, 5, schedule_key(sched)).encode())
+            # The key beat writes: a crontab naming its own zone and window has them in it.
+            own = cal.app.conf.beat_schedule[name].get("options", {}).get("schedproj")
+            key = entry_key(schedule_key(sched), sched, own)
+            r.hset(KEYS.entries, name, EntryState(seeded, 5, key).encode())
         beat = c.beat("beat1")
         started = time.time()
         at = datetime.now(UTC) + timedelta(seconds=5)
