@@ -16,16 +16,15 @@ beat's due index names (:mod:`schedproj.sim.index`), not every lane, with the sa
 
 from __future__ import annotations
 
-import gc
 import heapq
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
 
 from schedproj.core import defaults, gates, lifecycle
+from schedproj.core.collector import cyclic_gc_paused
 from schedproj.core.deferrals import LEASE_WAITS
 from schedproj.core.due import (
     NEVER,
@@ -329,24 +328,6 @@ class _Lane:
         return max(0.0, start)
 
 
-@contextmanager
-def _without_cyclic_gc() -> Iterator[None]:
-    """Python's cyclic garbage collector off while a simulation runs (back as it was after).
-
-    A simulation makes almost no cyclic garbage (a 10,000-member family over 8 h: about 800
-    objects in all; its records, views and plans are freed by their reference counts), yet
-    it allocates millions of objects, and each allocation burst triggers a collection that
-    walks every live object: the lanes, their records and traces. At 10,000 lanes those
-    walks were a quarter of the run's CPU for nothing found."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
 class Simulation:
     """One simulation; :meth:`run` returns the :class:`SimRun`."""
 
@@ -483,7 +464,9 @@ class Simulation:
     def run(self, progress: Callable[[float, float], None] | None = None) -> SimRun:
         """Simulate to the horizon. ``progress(virtual seconds done, horizon)`` is called
         about every 1 % of the horizon, for runs long enough to want it."""
-        with _without_cyclic_gc():
+        # (No cyclic collection while it runs: it makes almost no cyclic garbage and
+        # millions of short-lived objects; see core.collector.)
+        with cyclic_gc_paused():
             return self._run(progress)
 
     def _run(self, progress: Callable[[float, float], None] | None) -> SimRun:

@@ -285,3 +285,47 @@ def test_a_beat_new_to_the_lock_leaves_no_garbage_in_redis_lua_heap(
     assert sched.active
     assert redis_client.info("memory")["used_memory_lua"] < 5 * 2**20
     sched.close()
+
+
+def test_a_tick_runs_without_the_cyclic_collector_and_gives_it_back(
+        key_prefix: str, broker: redis.Redis) -> None:
+    """Inside a tick the cyclic collector is off (a ranking tick's short-lived objects set off
+    collections that walked the due lanes' kept states for nothing: core.collector); after it
+    — a tick that fails included — it is on again, and a cycle made in the tick is collected."""
+    import gc
+    import weakref
+
+    seen: list[bool] = []
+    made: list[weakref.ref[object]] = []
+
+    class Node:
+        other: object = None
+
+    def probe() -> int:
+        seen.append(gc.isenabled())
+        a, b = Node(), Node()
+        a.other, b.other = b, a  # a cycle only the collector frees
+        made.append(weakref.ref(a))
+        return 1
+
+    def declare(app: Celery) -> None:
+        @app.task(shared=False, base=LaneTask, name="t.probed",
+                  lane=Lane(cadence_s=60, backlog_driven=True, due_check=probe))
+        def probed() -> None: ...
+
+    assert gc.isenabled()
+    sched = FairScheduler(app=build(key_prefix, declare))
+    sched.tick()
+    assert seen == [False], "the due check ran with the cyclic collector on (or never ran)"
+    assert gc.isenabled(), "the tick left the cyclic collector off"
+    gc.collect()
+    assert made[0]() is None, "the cycle made in the tick was never collected"
+
+    def failing() -> float:
+        raise RuntimeError("a tick that fails")
+
+    sched._tick = failing  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        sched.tick()
+    assert gc.isenabled(), "a failing tick left the cyclic collector off"
+    sched.close()
