@@ -124,13 +124,13 @@ _OMITTED_WHEN_NONE = ("since", "missed_through", "missed")
 #: so a lane that ran costs Redis about half the bytes (a million lanes keep two records
 #: each). Every reader of every release fills a missing field with its default (``decode``
 #: builds the dataclass; the Lua scripts read ``rec.x or 0``), so an earlier release reads the
-#: short records and this one reads the full ones. Kept even when unset: the in-flight marks,
-#: which ``run_finish.lua`` and ``run_cas.lua`` rewrite in place in the record's text (a
-#: finishing light run keeps another run's marks; a starting one gets the server's clock).
-_ALWAYS_WRITTEN = frozenset({"running_task_id", "running_since", "running_until"})
+#: short records and this one reads the full ones. The in-flight marks were kept while null
+#: up to 2a75607, because ``run_finish.lua`` and ``run_cas.lua`` rewrote them in place in the
+#: record's text; they now add a mark the text lacks (``lua/record_field.lua``). A worker of
+#: that earlier release sends its own encoding (marks written) to its own scripts, so it never
+#: meets a record without them where it rewrites one (tests/store/test_run_marks.py).
 _DEFAULTS: dict[type, tuple[tuple[str, Any], ...]] = {
-    cls: tuple((f.name, f.default) for f in fields(cls) if f.name not in _ALWAYS_WRITTEN)
-    for cls in (RunRecord, SchedRecord)}
+    cls: tuple((f.name, f.default) for f in fields(cls)) for cls in (RunRecord, SchedRecord)}
 
 
 def encode(record: RunRecord | SchedRecord | LeaseView) -> str:

@@ -18,6 +18,7 @@
 -- epoch-unknown | server-changed | quarantine.
 -- The epoch check lease_acquire.lua makes: nil when state is known intact, else the reason.
 -- include: epoch_refusal
+-- include: record_field
 if ARGV[6] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[6] then return {0, 'stale-beat'} end
 if ARGV[4] ~= '' then
   local refusal = epoch_refusal(KEYS[4])
@@ -36,8 +37,7 @@ if ARGV[8] and ARGV[8] ~= '' then
   local t = redis.call('TIME')
   local mark = string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1000000
                                      + tonumber(ARGV[8]) / 1000)
-  record = string.gsub(record, '"running_until":[^,}]*',
-                       function() return '"running_until":' .. mark end)
+  record = set_record_field(record, 'running_until', mark)
 end
 redis.call('HSET', KEYS[1], ARGV[1], record)
 redis.call('SADD', KEYS[3], ARGV[7])

@@ -12,6 +12,7 @@
 -- tick_stamp.lua) only while its stamp is trusted; else beat rebuilds it from the records.
 -- Every check happens before the first write, so an error can never leave half a change.
 -- include: tick_stamp
+-- include: record_field
 local trusted = due_trusted(KEYS[4], KEYS[6], ARGV[12])
 -- A light run (no token) whose record names another run in flight (one that started after it:
 -- after a stalled heartbeat or a failover) records its outcome but leaves that run's in-flight
@@ -52,12 +53,15 @@ if written == 1 and ARGV[1] == '' and existing then
   local other = rec.running_task_id
   if ok and type(new) == 'table' and type(other) == 'string' and other ~= rec.last_task_id
       and other ~= new.last_task_id then
+    -- Each mark copied, inserted where the finishing run's record leaves it out (null); a
+    -- mark the stored record leaves out is null, and stays out where the new one does.
     for _, name in ipairs({'running_task_id', 'running_since', 'running_until'}) do
       local value = rec[name]
-      local text = type(value) == 'number' and string.format('%.6f', value)
-                   or cjson.encode(value)
-      record = string.gsub(record, '"' .. name .. '":[^,}]*',
-                           function() return '"' .. name .. '":' .. text end)
+      if value ~= nil or string.find(record, '"' .. name .. '":', 1, true) then
+        local text = type(value) == 'number' and string.format('%.6f', value)
+                     or cjson.encode(value == nil and cjson.null or value)
+        record = set_record_field(record, name, text)
+      end
     end
   end
 end

@@ -1,0 +1,65 @@
+-- lua/run_cas.lua as the previous release (2a75607) shipped it, its includes spliced in: what a
+-- worker of that release runs during a rolling deploy (tests/store/test_run_marks.py).
+-- Replace a lane's run record only if it is still exactly what the caller read (compare and
+-- set), so two writers never lose each other's change. The new record is computed by the
+-- caller from the one it read (schedproj.core.lifecycle): one implementation of the rules.
+-- KEYS[1] lanes hash, KEYS[2] beat fence counter
+-- ARGV[1] run field, ARGV[2] expected raw value ('' = the field must be absent),
+-- ARGV[3] new raw value, ARGV[4] sched field ('' = no dispatch check), ARGV[5] task id,
+-- ARGV[6] beat fence the message carries ('' = no check), ARGV[7] lane name;
+-- KEYS[3] changed set (the lane is marked changed for beat)
+-- With a dispatch check (a light run starting), the message must come from the beat that holds
+-- the lock now and be its lane's current dispatch (the task id the sched record names).
+-- KEYS[4] epoch record: with a dispatch check, nothing starts while Redis may have lost state
+-- (the check lease_acquire.lua makes); a message sent before a loss carries an older beat
+-- fence (epoch.lua moves it on), so it is refused as stale-beat afterwards.
+-- ARGV[8] the in-flight mark's TTL in ms ('' = write the record as given): the new record's
+-- running_until becomes the server's clock plus this TTL, so no worker's clock decides when a
+-- light run's mark lapses (beat judges it with one TTL of grace).
+-- Returns {1, ''} written or {0, reason}: changed | stale-beat | not-current-dispatch |
+-- epoch-unknown | server-changed | quarantine.
+-- The epoch check lease_acquire.lua makes: nil when state is known intact, else the reason.
+-- Shared by the scripts that start or keep a run (lease_start, lease_renew, run_cas), spliced
+-- in where a script says "-- include: epoch_refusal" (schedproj/store/scripts.py).
+-- epoch_refusal(key): why no run may start or be re-asserted now (nil and the epoch record
+-- when it may): 'epoch-unknown' (missing or unreadable), 'server-changed' (another server
+-- process than the one the epoch names), 'quarantine' (within the state-loss quarantine).
+local function epoch_refusal(key)
+  local raw = redis.call('GET', key)
+  if not raw then return 'epoch-unknown' end
+  local ok, e = pcall(cjson.decode, raw)
+  if not ok or type(e) ~= 'table' or type(e.quarantine_until) ~= 'number' then
+    return 'epoch-unknown'
+  end
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if e.run_id ~= (string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or '?') then
+    return 'server-changed'
+  end
+  if now < e.quarantine_until then return 'quarantine' end
+  return nil, e
+end
+if ARGV[6] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[6] then return {0, 'stale-beat'} end
+if ARGV[4] ~= '' then
+  local refusal = epoch_refusal(KEYS[4])
+  if refusal then return {0, refusal} end
+  local raw = redis.call('HGET', KEYS[1], ARGV[4])
+  local ok, sched = false, nil
+  if raw then ok, sched = pcall(cjson.decode, raw) end
+  if not ok or type(sched) ~= 'table' or sched.inflight_task_id ~= ARGV[5] then
+    return {0, 'not-current-dispatch'}
+  end
+end
+local current = redis.call('HGET', KEYS[1], ARGV[1])
+if (current or '') ~= ARGV[2] then return {0, 'changed'} end
+local record = ARGV[3]
+if ARGV[8] and ARGV[8] ~= '' then
+  local t = redis.call('TIME')
+  local mark = string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1000000
+                                     + tonumber(ARGV[8]) / 1000)
+  record = string.gsub(record, '"running_until":[^,}]*',
+                       function() return '"running_until":' .. mark end)
+end
+redis.call('HSET', KEYS[1], ARGV[1], record)
+redis.call('SADD', KEYS[3], ARGV[7])
+return {1, ''}
