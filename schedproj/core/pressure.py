@@ -27,7 +27,7 @@ from typing import Any
 
 from schedproj.core import codec, gates
 from schedproj.core.errors import StateError
-from schedproj.core.lanes import LaneSpec
+from schedproj.core.lanes import LaneKind, LaneSpec
 from schedproj.core.picker import pick, rank_key
 from schedproj.core.pipeline import Decision
 from schedproj.core.records import EMPTY_STATE, LaneState, LeaseView
@@ -95,14 +95,20 @@ def measure(decision: Decision, states: Mapping[str, LaneState], lease: LeaseVie
     gate_views = decision.gate_views
     empty = EMPTY_STATE
     waiting = []
+    holder, heavy = lease.lane, LaneKind.HEAVY
     for view in decision.views.values():
-        if not view.spec.heavy or not view.due or view.in_flight or view.name == lease.lane:
+        spec = view.spec
+        if spec.kind is not heavy or not view.due or view.in_flight or view.name == holder:
             # (The holder itself: a lease granted this tick is not yet in its view.)
             continue
-        deferral = states.get(view.name, empty).sched.deferral
-        gate, _ = gates.evaluate(view, gate_views, deferral, now, legacy=legacy)
-        if gate is None:
-            waiting.append(view)
+        # A lane without gates has none to defer it (gates.evaluate would say so): a tick
+        # with 10,000 waiting lanes asks this 10,000 times.
+        if spec.gates:
+            deferral = states.get(view.name, empty).sched.deferral
+            gate, _ = gates.evaluate(view, gate_views, deferral, now, legacy=legacy)
+            if gate is not None:
+                continue
+        waiting.append(view)
     best = pick(waiting)
     if best is None:
         return None
