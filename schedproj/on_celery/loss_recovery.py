@@ -136,18 +136,17 @@ class LossRecovery:
         # Each slot lease by the run it names: a lane is looked up, not its pool's slots
         # scanned (a tick may judge thousands of a pool's lanes).
         by_task = lostruns.slot_leases_by_task(slots or {})
+        specs = self.lanes.specs
         for lane, state in states.items():
-            spec = self.lanes.specs.get(lane)
             run = state.run
+            if run.running_task_id is None:
+                # No run named, none to lose (has_lapsed's first test, without the lookups
+                # and the call: a tick with 10,000 due lanes asks it of each).
+                continue
+            spec = specs.get(lane)
             if spec is None:
                 continue
-            # The lease that names the run, wherever it is: a deploy may have moved the lane
-            # to another pool while it runs (or shrunk its pool under it).
-            task = run.running_task_id or ""
-            lease = by_task.get(task)
-            if lease is None and (spec.pool == DEFAULT_POOL or (
-                    snap.lease is not None and snap.lease.task_id == task)):
-                lease = snap.lease
+            lease = _lease_naming(run.running_task_id, spec.pool, snap.lease, by_task)
             if not lostruns.has_lapsed(run, heavy=spec.heavy, lease=lease, now=now,
                                        grace_s=self.grace_s):
                 continue
@@ -264,3 +263,14 @@ class LossRecovery:
 
 
 __all__ = ["LossRecovery", "say_state_loss"]
+
+
+def _lease_naming(task: str, pool: str, lease: LeaseView | None,
+                  by_task: Mapping[str, LeaseView]) -> LeaseView | None:
+    """The lease that names the run ``task``, wherever it is (a deploy may have moved the
+    lane to another pool while it runs, or shrunk its pool under it): a slot lease naming
+    it, else the heavy lease for a lane of the default pool or when it names the run."""
+    found = by_task.get(task)
+    if found is None and (pool == DEFAULT_POOL or (lease is not None and lease.task_id == task)):
+        return lease
+    return found
