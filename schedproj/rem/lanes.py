@@ -69,9 +69,16 @@ def summarizer_for(app: Any) -> Summarizer:
     return _summarizer(s.summarizer, s.summarizer_latency_s)
 
 
+def current_store() -> MemoryStore:
+    """The store of the current app (beat's, in a beat process). Its runtime is keyed by the
+    app itself: ``current_app`` is one proxy whatever app is current, so keying by it gave
+    every later app the first one's prefix."""
+    return rem_store(current_app._get_current_object())
+
+
 # -- due checks: cheap reads beat makes each tick ---------------------------------------------
 def backfill_pending() -> int:
-    store = rem_store(current_app)
+    store = current_store()
     until = store.client.get(store.keys.backfill_backoff_until)
     if until is not None and float(until) > time.time():
         return 0  # backing off after a run that made no progress
@@ -79,15 +86,15 @@ def backfill_pending() -> int:
 
 
 def summary_pending() -> int:
-    return len(rem_store(current_app).unsummarized())
+    return len(current_store().unsummarized())
 
 
 def dream_pending() -> int:
-    return rem_store(current_app).undigested_count()
+    return current_store().undigested_count()
 
 
 def golden_path_pending() -> int:
-    store = rem_store(current_app)
+    store = current_store()
     return int(store.golden_path_version() != store.graph_version())
 
 
