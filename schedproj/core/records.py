@@ -132,6 +132,22 @@ _OMITTED_WHEN_NONE = ("since", "missed_through", "missed")
 _DEFAULTS: dict[type, tuple[tuple[str, Any], ...]] = {
     cls: tuple((f.name, f.default) for f in fields(cls)) for cls in (RunRecord, SchedRecord)}
 
+#: A run or sched record's times are written to the microsecond: ``time.time()`` tells no
+#: instant finer worth keeping (a double near 1.8e9 resolves about a quarter of one), and the
+#: 17 significant digits ``repr`` gives three times in four put a sched record's two times a
+#: byte over the 160-byte allocation class (32 bytes a lane). Every release reads them as
+#: before (a JSON number). Beat's memo of the records it wrote (``LaneStore._written``) and a
+#: worker's (``task._written_runs``) keep the times they encoded, less than half a microsecond
+#: from the stored ones; nothing compares one exactly with a stored time. Not rounded:
+#: ``missed_through``, a calendar fire time compared exactly with the schedule's own (the next
+#: fire strictly after it counts next: rounded down, that fire would be counted again).
+TIME_DECIMALS = 6
+_NOT_ROUNDED = frozenset({"missed_through"})
+_ROUNDED: dict[type, frozenset[str]] = {
+    cls: frozenset(f.name for f in fields(cls)
+                   if str(f.type).startswith("float") and f.name not in _NOT_ROUNDED)
+    for cls in (RunRecord, SchedRecord, Deferral)}
+
 
 def encode(record: RunRecord | SchedRecord | LeaseView) -> str:
     """Serialize a record to versioned JSON: the fields ``asdict`` would give, in their order,
@@ -144,15 +160,20 @@ def encode(record: RunRecord | SchedRecord | LeaseView) -> str:
             if name in data and data[name] is None:
                 del data[name]
     else:
+        rounded = _ROUNDED[type(record)]
         for name, default in defaults:
             value = data[name]
             # ``is``/type checks: 0.0 and False equal 0 but are stored as written (a float
             # field set to 0.0 stays readable as a float; a bool stays a bool).
             if value is default or (value == default and type(value) is type(default)):
                 del data[name]
+            elif type(value) is float and name in rounded:
+                data[name] = round(value, TIME_DECIMALS)
     deferral = data.get("deferral")
     if deferral is not None:
-        data["deferral"] = dict(deferral.__dict__)
+        data["deferral"] = {name: round(value, TIME_DECIMALS)
+                            if type(value) is float and name in _ROUNDED[Deferral] else value
+                            for name, value in deferral.__dict__.items()}
     return codec.dumps(data, STATE_VERSION)
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from schedproj.core import records
+from schedproj.core import records, schedules
 from schedproj.core.defaults import STATE_VERSION
 from schedproj.core.deferrals import Deferral
 from schedproj.core.errors import StateError
@@ -218,3 +218,49 @@ def test_this_release_reads_the_earlier_full_records() -> None:
 def test_the_lease_keeps_every_field() -> None:
     assert set(json.loads(encode(LeaseView("a", "t", 1, 0.0)))) >= {
         "v", "lane", "token", "fence", "granted_at", "started_at", "task_id", "reasserted"}
+
+
+# -- times to the microsecond (issue 23: the sched record's 160-byte class) ---------------------
+
+#: A moment of 2026 as ``time.time()`` gives it: 17 significant digits, 7 decimals.
+NOW = 1796405433.9899783
+
+
+def test_times_are_written_to_the_microsecond() -> None:
+    run = RunRecord(last_run_at=NOW, last_outcome=Outcome.COMPLETED, last_task_id="t" * 36,
+                    runs=1, running_since=NOW + 0.1, running_until=NOW + 60, failing_since=NOW,
+                    since=NOW - 1)
+    deferral = Deferral(lane="a", reason=DeferralReason.LEASE_HELD, blocker="b", since=NOW,
+                        blocker_since=NOW + 1)
+    sched = SchedRecord(inflight_task_id="t" * 36, inflight_deadline=NOW + 60,
+                        last_dispatch_at=NOW - 1, dispatches=1, deferral=deferral)
+    for record in (run, sched):
+        data = json.loads(encode(record))
+        times = [v for v in (*data.values(), *data.get("deferral", {}).values())
+                 if isinstance(v, float)]
+        assert len(times) == {RunRecord: 5, SchedRecord: 4}[type(record)]
+        assert all(len(repr(t).split(".")[1]) <= 6 for t in times), times
+        back = decode(type(record), encode(record), "k")
+        assert encode(back) == encode(record)  # a record read and written again is unchanged
+        for name in ("last_run_at", "running_until", "inflight_deadline", "last_dispatch_at"):
+            if hasattr(record, name):
+                assert abs(getattr(back, name) - getattr(record, name)) < 5e-7
+
+
+def test_a_sched_record_of_the_bench_fits_the_160_byte_class() -> None:
+    """A dispatch record (task id, deadline, dispatch time, count): 155 bytes, 159 with Redis's
+    string header and terminator; with 7-decimal times it was 157 (the 192-byte class)."""
+    sched = SchedRecord(inflight_task_id="e86a6435-1b49-4cb4-b16e-586b051b7687",
+                        inflight_deadline=NOW + 60, last_dispatch_at=NOW - 1, dispatches=1)
+    assert len(encode(sched)) + 4 <= 160
+
+
+def test_a_missed_fire_time_is_kept_exactly() -> None:
+    """``missed_through`` is compared with the schedule's fire times (the next fire strictly
+    after it counts next): rounded down, a one-off's fire would be counted twice."""
+    fire = 1796405433.1234565
+    assert round(fire, 6) < fire
+    back = decode(SchedRecord, encode(SchedRecord(missed_through=fire, missed=1)), "k")
+    assert back.missed_through == fire
+    assert schedules.missed_fires(schedules.OneOffFireTimes(fire), None, back.missed_through,
+                                  fire + 3600, 60.0) is None
