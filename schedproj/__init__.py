@@ -29,6 +29,8 @@ from schedproj.core.errors import (
 from schedproj.core.lanes import (
     DeferralReason,
     DeploymentClass,
+    DueAnswer,
+    DueCheckStamp,
     Gate,
     GateCondition,
     Lane,
@@ -77,6 +79,8 @@ __all__ = [
     "ConfigurationError",
     "DeferralReason",
     "DeploymentClass",
+    "DueAnswer",
+    "DueCheckStamp",
     "Gate",
     "GateCondition",
     "Lane",

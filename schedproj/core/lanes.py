@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 from schedproj.core import defaults
 from schedproj.core.errors import LaneDeclarationError
@@ -113,8 +113,52 @@ class Gate:
             ) from None
 
 
-#: A cheap hook the scheduler calls each tick: returns the lane's current backlog (0 = none).
-DueCheck = Callable[[], int]
+class DueAnswer(NamedTuple):
+    """What a due check may return instead of a bare backlog: the backlog, and the time
+    (epoch seconds) at which the answer changes with nothing written, e.g. when a backoff
+    ends. Only a stamped check (:class:`DueCheckStamp`) uses ``until``: beat calls it again
+    then; an unstamped check is called every tick anyway."""
+
+    backlog: int
+    until: float | None = None
+
+
+#: A cheap hook the scheduler calls each tick: returns the lane's current backlog (0 = none),
+#: as an int or a :class:`DueAnswer`.
+DueCheck = Callable[[], int | DueAnswer]
+
+
+@dataclass(frozen=True)
+class DueCheckStamp:
+    """Opt-in: the lane's due check answers only from data whose every write also sets one
+    Redis key, the stamp, to a value it never held before (a fresh random token). Beat then
+    reads the stamps of all such checks in one request per tick and calls a check only when
+    its stamp moved since the call it remembers, when the answer's ``until`` passed, when a
+    lane record changed in the tick's read (a run started or ended), or when its answer is
+    ``max_age_s`` old. A write that sets the stamp is seen by the next tick, as without the
+    stamp; ``max_age_s`` bounds how late a write that does not (a hand edit with redis-cli, a
+    writer of a release before the stamp) is seen.
+    """
+
+    #: The stamp's key, relative to the deployment's key prefix (``"rem:write-stamp"`` is
+    #: ``<prefix>:rem:write-stamp``), so it is read from schedproj's Redis, in the deployment's
+    #: hash slot on a cluster.
+    key: str
+    #: The oldest a remembered answer may get before beat calls the check anyway (seconds).
+    max_age_s: float = 60.0
+
+    def check(self, lane: str) -> None:
+        if not isinstance(self.key, str) or not self.key or self.key != self.key.strip():
+            raise LaneDeclarationError(
+                lane, f"due_check_stamp key must be a non-empty key name, got {self.key!r}",
+                "pass DueCheckStamp('myapp:inbox-stamp') and set that key (under the key "
+                "prefix) to a fresh value on every write the due check reads")
+        age: Any = self.max_age_s
+        if (isinstance(age, bool) or not isinstance(age, int | float)
+                or not math.isfinite(age) or age <= 0):
+            raise LaneDeclarationError(
+                lane, f"due_check_stamp max_age_s must be a positive number of seconds, "
+                f"got {age!r}", "pass max_age_s=60 (or leave it out)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -161,6 +205,9 @@ class Lane:
     backlog_driven: bool = False
     #: A cheap function beat calls each tick, returning the lane's current backlog (0: none).
     due_check: DueCheck | None = field(default=None, compare=False)
+    #: Opt-in (:class:`DueCheckStamp`): beat calls ``due_check`` only when the stamp key its
+    #: data's writers set has moved (or its answer grew old), not every tick.
+    due_check_stamp: DueCheckStamp | None = None
     #: After a failed (or lost) run, due again this many seconds later (with
     #: ``retry_window_s``).
     retry_after_failure_s: float | None = None
@@ -297,6 +344,16 @@ class Lane:
             raise LaneDeclarationError(
                 lane, "due_check is not callable", "pass a function returning the backlog"
             )
+        if self.due_check_stamp is not None:
+            if not isinstance(self.due_check_stamp, DueCheckStamp):
+                raise LaneDeclarationError(
+                    lane, f"due_check_stamp must be a DueCheckStamp, got "
+                    f"{self.due_check_stamp!r}", "pass due_check_stamp=DueCheckStamp('key')")
+            if self.due_check is None:
+                raise LaneDeclarationError(
+                    lane, "due_check_stamp is given without a due_check",
+                    "pass the due_check the stamp is for, or drop due_check_stamp")
+            self.due_check_stamp.check(lane)
 
     def _check_pool(self, lane: str) -> None:
         """The pool options on their own; that the pool is declared and has the slots is

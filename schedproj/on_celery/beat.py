@@ -94,7 +94,8 @@ class BeatEngine:
         slots = PoolSlots(rt.store.client, rt.keys, lanes.pools)
         return cls(
             rt=rt, lanes=tick_lanes, memory=memory,
-            checks=DueChecks(tick_lanes.hooks, reporter),
+            checks=DueChecks(tick_lanes.hooks, reporter, stamps=tick_lanes.stamps,
+                             client=rt.store.client, prefix=rt.keys.prefix),
             recovery=LossRecovery(rt.store, rt.keys, tick_lanes, rt.settings.lease_ttl_s,
                                   slots),
             families=FamilySync(tick_lanes.synced_families,
@@ -288,7 +289,11 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         if snap is None:
             return min(STANDBY_POLL_S, s.beat_max_loop_interval_s)
         snap = self._heal(snap, now)
-        probes, unreadable = e.checks.probe(snap.errors, e.lanes.lanes.knows)
+        # Every hook is called when a lane record changed (a run started or ended: its writes
+        # are seen then even by a writer that does not set a stamp); on an idle tick a stamped
+        # hook is called only when its stamp moved (DueChecks).
+        probes, unreadable = e.checks.probe(snap.errors, e.lanes.lanes.knows,
+                                            fresh=bool(snap.changed))
         # Re-read every tick until readable: an operator who deletes or fixes the bad value
         # with redis-cli marks nothing changed.
         e.lanes.broken = unreadable
@@ -432,6 +437,7 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
             snap.lock.event != "renewed" and snap.epoch.quarantine_left_s > 0))
         remembered = {lane: st.run for lane, st in e.memory.states.items()}
         e.memory.reset()
+        e.checks.forget()  # a state loss may have taken a stamp; another beat may have run
         e.health.healed({key: problem for key, problem in snap.broken.items()
                          if problem == "wrong-type"})
         # Index the declared lanes and stamp the derived keys (a new deployment, lanes declared

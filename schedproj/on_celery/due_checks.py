@@ -8,8 +8,13 @@ recorded, so status, posture and the watchdog recover on their own.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
+import redis
+
+from schedproj.core.lanes import DueAnswer, DueCheck, DueCheckStamp
 from schedproj.store.lane_store import LaneStore
 
 logger = logging.getLogger("schedproj.beat")
@@ -53,40 +58,109 @@ class ErrorReporter:
             self.maybe_recorded.difference_update(cleared)
 
 
+@dataclass(frozen=True)
+class RememberedAnswer:
+    """A stamped due check's last answer: the backlog, the stamp read before the call that
+    gave it, when that call was made, and the answer's own ``until`` (:class:`DueAnswer`)."""
+
+    backlog: int
+    stamp: str | None
+    called_at: float
+    until: float | None
+
+    def holds(self, stamp: str | None, now: float, max_age_s: float) -> bool:
+        """Still the answer the check would give: nothing set the stamp since (a write sets
+        a value it never held, so equal means unwritten), the answer's ``until`` has not
+        come, and it is younger than ``max_age_s`` (the bound for writes that skip the
+        stamp)."""
+        return (stamp == self.stamp and now - self.called_at < max_age_s
+                and (self.until is None or now < self.until))
+
+
 class DueChecks:
     """Calls the lanes' due-check hooks each tick; a hook that raises is recorded, the tick
-    goes on, and the lane is unreadable until its hook succeeds again."""
+    goes on, and the lane is unreadable until its hook succeeds again.
 
-    def __init__(self, hooks: list[tuple[str, Callable[[], int]]],
-                 reporter: ErrorReporter) -> None:
+    A hook declared with a stamp (:class:`DueCheckStamp`) is called only when its answer may
+    have changed (:meth:`RememberedAnswer.holds`): the stamps are read in one request (MGET,
+    keys under the deployment's prefix, so one hash slot), before any hook is called, so a
+    write landing during a call sets the stamp again and the next tick calls the hook."""
+
+    def __init__(self, hooks: list[tuple[str, DueCheck]], reporter: ErrorReporter, *,
+                 stamps: Mapping[str, DueCheckStamp] | None = None,
+                 client: redis.Redis | None = None, prefix: str = "",
+                 clock: Callable[[], float] = time.time) -> None:
         self.hooks = hooks
         self.reporter = reporter
+        self.stamps = dict(stamps or {})
+        if self.stamps and client is None:
+            raise ValueError("stamped due checks need the Redis client their stamps are on")
+        self.client = client
+        self.stamp_keys = {lane: f"{prefix}:{stamp.key}" for lane, stamp in self.stamps.items()}
+        self.clock = clock
+        self.remembered: dict[str, RememberedAnswer] = {}
 
-    def probe(self, errors: Mapping[str, str],
-              known: Callable[[str], bool]) -> tuple[dict[str, int], set[str]]:
+    def probe(self, errors: Mapping[str, str], known: Callable[[str], bool], *,
+              fresh: bool = False) -> tuple[dict[str, int], set[str]]:
         """Report the tick's unreadable records (``errors``), call the hooks of the readable
-        lanes. Returns the backlog each hook reported, and the lanes beat cannot judge."""
+        lanes (a stamped one only when its remembered answer no longer holds; every one when
+        ``fresh``: a lane record changed in this tick's read). Returns the backlog each hook
+        reported, and the lanes beat cannot judge."""
         self.reporter.new_tick()
         unreadable = {lane for lane in errors if known(lane)}
         for lane, message in errors.items():
             self.reporter.report(lane, message)
+        stamps = self._read_stamps([name for name in self.stamps if name not in unreadable])
         probes: dict[str, int] = {}
         for name, hook in self.hooks:
             if name in unreadable:
                 continue
+            if not fresh and name in stamps and self._holds(name, stamps[name]):
+                probes[name] = self.remembered[name].backlog
+                continue
+            called_at = self.clock()
             try:
-                probes[name] = max(0, int(hook()))
+                answer = hook()
+                backlog = max(0, int(answer.backlog if isinstance(answer, DueAnswer)
+                                     else answer))
             except Exception as exc:
+                self.remembered.pop(name, None)
                 unreadable.add(name)
                 message = f"due_check of lane {name!r} raised {type(exc).__name__}: {exc}"
                 self.reporter.report(name, message[:1000], exc_info=True)
+                continue
+            probes[name] = backlog
+            if name in stamps:
+                until = answer.until if isinstance(answer, DueAnswer) else None
+                self.remembered[name] = RememberedAnswer(backlog, stamps[name], called_at,
+                                                         until)
         self.reporter.resolved(list(probes))
         return probes, unreadable
 
+    def _holds(self, name: str, stamp: str | None) -> bool:
+        remembered = self.remembered.get(name)
+        return remembered is not None and remembered.holds(stamp, self.clock(),
+                                                           self.stamps[name].max_age_s)
+
+    def _read_stamps(self, lanes: list[str]) -> dict[str, str | None]:
+        """Each stamped lane's stamp, read in one MGET (several lanes may share a stamp)."""
+        if not lanes or self.client is None:
+            return {}
+        keys = sorted({self.stamp_keys[lane] for lane in lanes})
+        values = {key: None if value is None else str(value)
+                  for key, value in zip(keys, self.client.mget(keys), strict=True)}
+        return {lane: values[self.stamp_keys[lane]] for lane in lanes}
+
+    def forget(self) -> None:
+        """Drop every remembered answer: Redis may have lost state (a stamp key lost and set
+        again could take any value), or another beat was active meanwhile."""
+        self.remembered.clear()
+
     def taking_over(self) -> None:
         """This beat just took the lock: an error another beat recorded for a hook is cleared
-        by the hook's next success too."""
+        by the hook's next success too, and every hook is called afresh."""
+        self.forget()
         self.reporter.suspect([name for name, _ in self.hooks])
 
 
-__all__ = ["DueChecks", "ErrorReporter"]
+__all__ = ["DueChecks", "ErrorReporter", "RememberedAnswer"]

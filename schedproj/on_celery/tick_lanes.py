@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 
 from schedproj.core.families import LaneFamily
-from schedproj.core.lanes import LaneSpec
+from schedproj.core.lanes import DueCheck, DueCheckStamp, LaneSpec
 from schedproj.core.laneset import LaneSet
 
 
@@ -18,9 +18,13 @@ class TickLanes:
         self.lanes = lanes
         blockers = {g.blocker for spec in (*lanes.specs, *lanes.families.values())
                     for g in spec.gates}
-        self.hooks: list[tuple[str, Callable[[], int]]] = [
+        self.hooks: list[tuple[str, DueCheck]] = [
             (spec.name, hook) for spec in lanes.specs
             if (hook := lanes.options[spec.name].due_check) is not None]
+        #: The hooks declared with a stamp (:class:`DueCheckStamp`): called when it moves.
+        self.stamps: dict[str, DueCheckStamp] = {
+            name: stamp for name, _ in self.hooks
+            if (stamp := lanes.options[name].due_check_stamp) is not None}
         self.always = sorted({b for b in blockers if b not in lanes.families}
                              | {name for name, _ in self.hooks})
         #: Members of families a gate names are never skipped (the gate needs their views).

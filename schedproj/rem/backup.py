@@ -81,9 +81,11 @@ def _read_once(store: MemoryStore, fence: int) -> dict[str, dict[str, Any]] | No
     k = store.keys
     # Key names: the fixed ones, each known session's, and anything else found under the
     # namespace (e.g. a lane's own bookkeeping key), typed by one pipelined TYPE round trip.
+    # The write stamp is no memory: a snapshot leaves it out, a restore sets a fresh one.
     known_sessions = {str(s) for s in store.client.hkeys(k.sessions)}
-    names = set(k.fixed()) | {n for sid in known_sessions for n in k.session_keys(sid)}
-    extras = sorted(set(store.scan_keys()) - names)
+    names = (set(k.fixed()) - {k.write_stamp}) | {n for sid in known_sessions
+                                                  for n in k.session_keys(sid)}
+    extras = sorted(set(store.scan_keys()) - names - {k.write_stamp})
     types = {n: k.redis_type(n) for n in names}
     if extras:
         pipe = store.client.pipeline(transaction=False)
@@ -233,6 +235,9 @@ def restore(store: MemoryStore, path: Path) -> int:
         _queue_write(pipe, name, entry["type"], value, path)
     if fence_rel not in entries and current:
         pipe.set(store.keys.fence, current)
+    # A fresh write stamp, whatever the snapshot held: beat's REM due checks see the restore
+    # on its next tick (a snapshot's stamp may be one beat remembers).
+    pipe.set(store.keys.write_stamp, store.fresh_stamp())
     pipe.execute()
     logger.info("REM restore: %d keys from %s into prefix %r", len(entries), path,
                 store.prefix)

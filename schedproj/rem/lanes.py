@@ -18,6 +18,8 @@ from celery import current_app, shared_task
 from schedproj.core.lanes import (
     DeferralReason,
     DeploymentClass,
+    DueAnswer,
+    DueCheckStamp,
     Gate,
     GateCondition,
     Lane,
@@ -29,6 +31,7 @@ from schedproj.rem import work
 from schedproj.rem.backup import snapshot
 from schedproj.rem.settings import rem_settings
 from schedproj.rem.store import MemoryStore
+from schedproj.rem.store.keys import WRITE_STAMP_KEY
 from schedproj.rem.summarizer import Summarizer, load_summarizer
 
 MIN, HOUR = 60.0, 3600.0
@@ -76,13 +79,21 @@ def current_store() -> MemoryStore:
     return rem_store(current_app._get_current_object())
 
 
-# -- due checks: cheap reads beat makes each tick ---------------------------------------------
-def backfill_pending() -> int:
+# -- due checks: cheap reads beat makes when the store was written ----------------------------
+#: Every REM due check reads only the memory store, and every write to it sets this stamp
+#: (``MemoryStore``): beat calls them again only when it moved, a run started or ended, or
+#: the answer is a minute old (a write that skips the stamp: a worker of a release before
+#: it, a hand edit), not every tick (issue 23: the idle tick's round trips).
+REM_STAMP = DueCheckStamp(WRITE_STAMP_KEY, max_age_s=MIN)
+
+
+def backfill_pending() -> DueAnswer:
     store = current_store()
-    until = store.client.get(store.keys.backfill_backoff_until)
-    if until is not None and float(until) > time.time():
-        return 0  # backing off after a run that made no progress
-    return store.backfill_backlog()
+    until = store.backfill_backoff_until()
+    if until is not None and until > time.time():
+        # Backing off after a run that made no progress: none until then, written or not.
+        return DueAnswer(0, until=until)
+    return DueAnswer(store.backfill_backlog())
 
 
 def summary_pending() -> int:
@@ -111,7 +122,7 @@ def backup(self: LaneTask) -> str:
 
 @shared_task(base=LaneTask, bind=True, name="schedproj.rem.summary", lane=Lane(
     name="summary", cadence_s=CADENCES_S["summary"], kind=LaneKind.HEAVY, order=10,
-    due_check=summary_pending,
+    due_check=summary_pending, due_check_stamp=REM_STAMP,
     gates=(Gate("memory-summary-backfill", GateCondition.DUE_AND_BEHIND,
                 DeferralReason.DEPENDENCY, max_defer_s=SUMMARY_GATE_MAX_DEFER_S),)))
 def summary(self: LaneTask) -> dict[str, int]:
@@ -124,7 +135,7 @@ def summary(self: LaneTask) -> dict[str, int]:
 
 @shared_task(base=LaneTask, bind=True, name="schedproj.rem.dream", lane=Lane(
     name="dream", cadence_s=CADENCES_S["dream"], kind=LaneKind.HEAVY, order=20,
-    due_check=dream_pending))
+    due_check=dream_pending, due_check_stamp=REM_STAMP))
 def dream(self: LaneTask) -> dict[str, int]:
     progress = work.dream(rem_store(self.app), batch=rem_settings().batch, fence=self.fence,
                           should_yield=self.should_yield)
@@ -134,22 +145,22 @@ def dream(self: LaneTask) -> dict[str, int]:
 
 @shared_task(base=LaneTask, bind=True, name="schedproj.rem.memory_summary_backfill", lane=Lane(
     name="memory-summary-backfill", cadence_s=CADENCES_S["memory-summary-backfill"],
-    kind=LaneKind.HEAVY, order=30, backlog_driven=True, due_check=backfill_pending))
+    kind=LaneKind.HEAVY, order=30, backlog_driven=True, due_check=backfill_pending,
+    due_check_stamp=REM_STAMP))
 def memory_summary_backfill(self: LaneTask) -> dict[str, int]:
     progress = work.backfill(rem_store(self.app), summarizer_for(self.app),
                              batch=rem_settings().batch, fence=self.fence,
                              should_yield=self.should_yield)
     if progress.done == 0 and progress.backlog > 0:
         backoff_s = BACKFILL_BACKOFF_S * runtime_for(self.app).settings.cadence_scale
-        store = rem_store(self.app)
-        store.client.set(store.keys.backfill_backoff_until, repr(time.time() + backoff_s))
+        rem_store(self.app).put_backfill_backoff(time.time() + backoff_s)
     self.report_backlog(progress.backlog)
     return {"done": progress.done, "backlog": progress.backlog}
 
 
 @shared_task(base=LaneTask, bind=True, name="schedproj.rem.golden_path", lane=Lane(
     name="golden-path", cadence_s=CADENCES_S["golden-path"], kind=LaneKind.LIGHT, order=40,
-    due_check=golden_path_pending,
+    due_check=golden_path_pending, due_check_stamp=REM_STAMP,
     gates=(Gate("dream", GateCondition.DUE_OR_RUNNING, DeferralReason.GOLDEN_PATH_DEPENDENCY,
                 max_defer_s=GOLDEN_PATH_GATE_MAX_DEFER_S, in_legacy=True),)))
 def golden_path(self: LaneTask) -> int:

@@ -14,6 +14,7 @@ from schedproj.core.errors import LaneDeclarationError
 from schedproj.core.lanes import (
     DeferralReason,
     DeploymentClass,
+    DueCheckStamp,
     Gate,
     GateCondition,
     Lane,
@@ -208,3 +209,30 @@ def test_fixed_unit_is_stable_spread_and_in_the_unit_interval() -> None:
     assert min(units) < 0.1 and max(units) > 0.9
     digest = hashlib.blake2b(b"a", digest_size=8).digest()
     assert fixed_unit("a") == int.from_bytes(digest, "big") / 2.0**64
+
+
+# -- a stamped due check (opt-in) --------------------------------------------------------------
+
+def _pending() -> int:
+    return 0
+
+
+@pytest.mark.parametrize(("kw", "problem"), [
+    ({"due_check_stamp": DueCheckStamp("app:stamp")}, "without a due_check"),
+    ({"due_check": _pending, "due_check_stamp": "app:stamp"}, "must be a DueCheckStamp"),
+    ({"due_check": _pending, "due_check_stamp": DueCheckStamp("")}, "non-empty key name"),
+    ({"due_check": _pending, "due_check_stamp": DueCheckStamp("app:stamp", max_age_s=0)},
+     "positive number of seconds"),
+    ({"due_check": _pending, "due_check_stamp": DueCheckStamp("app:stamp",
+                                                              max_age_s=math.inf)},
+     "positive number of seconds"),
+])
+def test_a_bad_due_check_stamp_is_refused(kw: dict[str, Any], problem: str) -> None:
+    with pytest.raises(LaneDeclarationError, match=problem):
+        Lane(cadence_s=60, **kw).check("lane")
+
+
+def test_a_due_check_is_unstamped_unless_its_lane_says_so() -> None:
+    """A user's due check may read anything: beat calls it every tick unless the lane opts in."""
+    assert Lane(cadence_s=60, due_check=_pending).due_check_stamp is None
+    Lane(cadence_s=60, due_check=_pending, due_check_stamp=DueCheckStamp("app:stamp")).check("x")

@@ -178,6 +178,47 @@ def test_snapshot_restores_to_an_equal_store(store: MemoryStore, tmp_path: Path)
     assert copy.turns("long-000") == store.turns("long-000")
 
 
+# -- the write stamp (beat's REM due checks are called again when it moves) -------------------
+
+def test_every_write_sets_a_stamp_no_write_set_before(store: MemoryStore) -> None:
+    """Each write through the store sets the stamp in its own atomic step, to a value never
+    held before; a refused write leaves it alone. The REM due checks read nothing else."""
+    def stamp() -> str | None:
+        return store.client.get(store.keys.write_stamp)
+
+    seen: list[str | None] = [stamp()]
+    writes = [
+        lambda: store.add_sessions({"s1": long_turns(6), "s2": ["A short turn."]}),
+        lambda: store.put_minis({("s1", 0): "a mini."}, fence=1),
+        lambda: store.put_summaries({"s2": Summary("x.", 1.0, False)}, fence=1),
+        lambda: work.dream(store, batch=5, fence=1, should_yield=never),
+        lambda: work.golden_path(store, top=5),
+        lambda: store.put_pulse(Pulse("h", 1, 2.0)),
+        lambda: store.put_backfill_backoff(time.time() + 60),
+    ]
+    for write in writes:
+        write()
+        seen.append(stamp())
+    assert None not in seen[1:] and len(set(seen)) == len(seen), seen
+    store.put_minis({("s1", 1): "newer."}, fence=5)
+    moved = stamp()
+    with pytest.raises(LeaseLost):
+        store.put_minis({("s1", 2): "fenced out."}, fence=3)
+    assert stamp() == moved
+    assert store.backfill_backoff_until() is not None
+
+
+def test_a_restore_sets_a_fresh_stamp_and_a_snapshot_leaves_it_out(
+        store: MemoryStore, tmp_path: Path) -> None:
+    _populated(store)
+    before = store.client.get(store.keys.write_stamp)
+    path = backup.snapshot(store, tmp_path, fence=2)
+    assert "rem:write-stamp" not in json.loads(path.read_text())["keys"]
+    backup.restore(store, path)
+    after = store.client.get(store.keys.write_stamp)
+    assert after is not None and after != before
+
+
 def test_snapshot_file_appears_atomically(store: MemoryStore, tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     _populated(store)

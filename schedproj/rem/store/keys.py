@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+#: The write stamp's key relative to the deployment's key prefix (how a ``DueCheckStamp``
+#: names it): ``<prefix>:rem:write-stamp``.
+WRITE_STAMP_KEY = "rem:write-stamp"
+
 
 @dataclass(frozen=True)
 class RemKeys:
@@ -91,14 +95,22 @@ class RemKeys:
     @property
     def backfill_backoff_until(self) -> str:
         """String (epoch seconds): the backfill lane backs off until then after a run that
-        made no progress. Written by the lane wiring, not by this store."""
+        made no progress (``MemoryStore.put_backfill_backoff``)."""
         return f"{self.base}:backfill-backoff-until"
+
+    @property
+    def write_stamp(self) -> str:
+        """String: a fresh random token, set by every write in the same atomic step (and by
+        a restore): beat calls the REM due checks again only when it moved (``Lane``'s
+        ``due_check_stamp``)."""
+        return f"{self.prefix}:{WRITE_STAMP_KEY}"
 
     def fixed(self) -> tuple[str, ...]:
         """The keys that exist once per store (not per session)."""
         return (self.fence, self.sessions, self.summaries, self.undigested, self.session_nodes,
                 self.concept_nodes, self.session_edges, self.concept_edges, self.graph_version,
-                self.cycles, self.golden_path, self.pulse, self.backfill_backoff_until)
+                self.cycles, self.golden_path, self.pulse, self.backfill_backoff_until,
+                self.write_stamp)
 
     def session_keys(self, session_id: str) -> tuple[str, str]:
         return self.turns(session_id), self.minis(session_id)
@@ -110,7 +122,7 @@ class RemKeys:
                  self.session_edges: "hash", self.concept_edges: "hash",
                  self.graph_version: "string", self.cycles: "list",
                  self.golden_path: "string", self.pulse: "string",
-                 self.backfill_backoff_until: "string"}
+                 self.backfill_backoff_until: "string", self.write_stamp: "string"}
         if name in fixed:
             return fixed[name]
         if name.startswith(self.turns("")):

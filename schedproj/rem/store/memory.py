@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -70,6 +71,8 @@ class MemoryStore:
         writes = [w for w in writes if w]
         if not writes:
             return
+        for w in writes:  # each its own token: two writes never leave the same stamp
+            w.op("SET", self.keys.write_stamp, self.fresh_stamp())
         if len(writes) == 1:
             replies = [self._fenced_write(keys=writes[0].keys, args=[fence, *writes[0].args])]
         else:
@@ -80,6 +83,12 @@ class MemoryStore:
         for n, reply in enumerate(replies):
             landed = f" ({n} of {len(writes)} parts had landed before)" if n else ""
             self.raise_if_refused(reply, fence, what, landed)
+
+    @staticmethod
+    def fresh_stamp() -> str:
+        """A write stamp value no write set before (random): equal stamps mean no write
+        between the reads, even across a lost or restored key."""
+        return uuid.uuid4().hex
 
     def queue_fence_check(self, pipe: Any, fence: int) -> None:
         """Queue a fence check (and claim) that writes nothing, e.g. into a read transaction;
@@ -358,6 +367,18 @@ class MemoryStore:
         w = self._writes()
         w.op("SET", self.keys.golden_path, encode(path))
         self._apply([w], fence, "put_golden_path")
+
+    def backfill_backoff_until(self) -> float | None:
+        """When the backfill lane's backoff ends (epoch seconds), or None: none recorded."""
+        raw = self.client.get(self.keys.backfill_backoff_until)
+        return None if raw is None else float(raw)
+
+    def put_backfill_backoff(self, until: float, *, fence: int = 0) -> None:
+        """The backfill lane backs off until ``until`` (unfenced by default, as before)."""
+        self._any(fence, "put_backfill_backoff")
+        w = self._writes()
+        w.op("SET", self.keys.backfill_backoff_until, repr(until))
+        self._apply([w], fence, "put_backfill_backoff")
 
     def pulse(self) -> Pulse | None:
         raw = self.client.get(self.keys.pulse)
