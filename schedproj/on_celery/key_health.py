@@ -33,6 +33,7 @@ STOPS = {
 #: The Redis type each key beat reads or writes must have (``Keys`` attribute -> type).
 KEY_TYPES = {
     "lanes": "hash", "lease": "string", "epoch": "string", "due": "zset", "changed": "set",
+    "changed_reading": "set",
     "paused": "set", "run_now": "set", "beat_lock": "string", "beat_fence": "string",
     "due_stamp": "string", "changed_stamp": "string", "wake": "list", "pressure": "hash",
     "counters": "hash", "dispatch_log": "list", "journal": "list", "errors": "hash",

@@ -36,6 +36,11 @@ from schedproj.store.protocol import (
 #: Most sched records remembered as written (an entry is dropped when read back).
 WRITTEN_MEMO_MAX = 200_000
 
+#: Most lanes one call of a tick's read returns from the changed set, and most from the due
+#: index (``lua/tick_read.lua``, ``lua/tick_page.lua``): a read holds Redis for what a page
+#: costs (tens of ms), whatever the lane count; a larger read goes on by pages in the same tick.
+READ_PAGE = 5000
+
 #: A lease record that cannot be read still means "held": never dispatch heavy work over it.
 UNREADABLE_LEASE = LeaseView(lane="?", token="", fence=0, granted_at=0.0)
 
@@ -155,10 +160,14 @@ class LaneStore:
     """Reads and writes lane state, the wake list and scheduling errors."""
 
     def __init__(self, client: redis.Redis, keys: Keys,
-                 audit_client: redis.Redis | None = None) -> None:
+                 audit_client: redis.Redis | None = None, *, read_page: int = READ_PAGE) -> None:
         self.client = client
         self.keys = keys
         self.audit_client = audit_client or client
+        self.read_page = read_page
+        #: How many lanes each call of the last tick read returned (its first call's, then
+        #: each page's): what bounds how long one call holds Redis.
+        self.read_pages: tuple[int, ...] = ()
         self._decoded: dict[tuple[str, str], Any] = {}
         #: What this store last wrote to each sched field (raw, record), so reading it back
         #: unchanged costs no decoding (bounded by :data:`WRITTEN_MEMO_MAX`).
@@ -173,6 +182,7 @@ class LaneStore:
         self._cas = scripts.register(client, "run_cas")
         self._mark_lost = scripts.register(client, "run_mark_lost")
         self._tick = scripts.register(client, "tick")
+        self._tick_page = scripts.register(client, "tick_page")
         self._heal = scripts.register(client, "tick_heal")
         self._epoch_check = scripts.register(client, "epoch_check")
         self._lua_gc = scripts.register(client, "lua_gc")
@@ -270,13 +280,15 @@ class LaneStore:
         """Renew the beat lock, check the epoch and read what changed: the lanes marked
         changed since the last call and those whose next look in the due index lies in
         (``cursor``, ``now``] (every due lane when ``cursor`` is None), plus ``always``. One
-        round trip, costing what changed: O(log N) when nothing did."""
+        round trip, costing what changed: O(log N) when nothing did. More than
+        :attr:`read_page` lanes changed or due: read on by pages (:meth:`_read_pages`), each
+        call bounded, before this returns - the tick plans on the whole read, never on part."""
         k = self.keys
         keys = [k.beat_lock, k.beat_fence, k.epoch, k.due, k.changed, k.lanes, k.lease,
-                k.paused, k.run_now, k.due_stamp, k.changed_stamp]
+                k.paused, k.run_now, k.due_stamp, k.changed_stamp, k.changed_reading]
         args = [beat_token, int(lock_ttl_s * 1000), int(quarantine_s * 1000), uuid.uuid4().hex,
                 EPOCH_VERSION, "-inf" if cursor is None else repr(cursor), repr(now),
-                STAMP_MEMBER, *always]
+                STAMP_MEMBER, self.read_page, *always]
         # One script call: tick.lua renews the lock, checks the epoch and reads (redis-py's
         # Script loads it on a NoScriptError and retries). After a wake, the wake list is
         # emptied in the same round trip, before the read: a run that ends after the DEL
@@ -296,10 +308,65 @@ class LaneStore:
         if str(event) == "bad-fence":
             return Snapshot(lock=lock, states={}, lease=None, epoch=epoch,
                             broken={k.beat_fence: "not-an-integer"})
+        if int(read[0]) == 1:
+            self.read_pages = (len(read[1]),)
+            if read[10]:
+                read = self._read_pages(beat_token, lock_ttl_s, now, read)
         if int(read[0]) != 1:
             return Snapshot(lock=replace(lock, held=False) if lock.held else lock, states={},
                             lease=None, epoch=epoch)
         return self._parse_tick(lock, epoch, read)
+
+    def _read_pages(self, beat_token: str, lock_ttl_s: float, now: float,
+                    first: list[Any]) -> list[Any]:
+        """The rest of a read too large for one call (``first``: ``tick_read.lua``'s reply,
+        with its continuation): ``tick_page.lua`` a page a call until the read is complete,
+        merged into one reply of ``tick_read.lua``'s shape ({0} if the lock was lost).
+
+        Why pages read one after another plan as one read: every writer other than beat
+        (a run's end, a lost-run mark, an operator's pause or run-now, ``touch``) marks the
+        lane changed in the same atomic step as its record and index score. The first call
+        put the changed set aside and started a fresh one, so whatever changes between two
+        pages is in the fresh set, which the next tick reads: a lane read before its change
+        is planned on its record as it was (as if that write had come just after a single
+        read, which beat's guarded writes already allow for), and a lane whose score moved
+        to a place this read had passed is read then. A lane read twice keeps its later
+        record. The lease and the operator sets are read by the last page, after every
+        record: a run that ended meanwhile reads as running with its lease free (never
+        granted twice: the lease is acquired atomically), as ``_read_slots`` relies on."""
+        records: dict[str, tuple[Any, Any, Any]] = {}
+        changed: dict[str, None] = {}
+
+        def take(names: list[Any], n_changed: Any, values: list[Any], scores: list[Any]) -> None:
+            for i, name in enumerate(names):
+                records[name] = (values[2 * i], values[2 * i + 1], scores[i])
+                if i < int(n_changed):
+                    changed[name] = None
+
+        _, names, n_changed, values, scores, nxt, lease, paused, forced, broken, more = first
+        take(names, n_changed, values, scores)
+        broken = list(broken)
+        counts = [len(names)]
+        k = self.keys
+        keys = [k.beat_lock, k.due, k.changed_reading, k.lanes, k.lease, k.paused, k.run_now]
+        while more:
+            page = self._tick_page(keys=keys, args=[
+                beat_token, int(lock_ttl_s * 1000), repr(now), STAMP_MEMBER, self.read_page,
+                *more])
+            if int(page[0]) != 1:
+                self.read_pages = tuple(counts)
+                return [0]
+            _, names, n_changed, values, scores, more, page_broken, *tail = page
+            take(names, n_changed, values, scores)
+            broken += page_broken
+            counts.append(len(names))
+            if not more and tail:
+                nxt, lease, paused, forced = tail
+        self.read_pages = tuple(counts)
+        order = [*changed, *(name for name in records if name not in changed)]
+        merged_values = [v for name in order for v in records[name][:2]]
+        return [1, order, len(changed), merged_values, [records[n][2] for n in order], nxt,
+                lease, paused, forced, broken, []]
 
     def _epoch_status(self, reply: list[Any]) -> EpochStatus:
         """``lua/epoch.lua``'s reply, with the epoch id this store read before."""
@@ -310,7 +377,7 @@ class LaneStore:
         return epoch
 
     def _parse_tick(self, lock: LockStatus, epoch: EpochStatus, read: list[Any]) -> Snapshot:
-        _, names, n_changed, values, scores, nxt, raw_lease, paused, forced, broken = read
+        _, names, n_changed, values, scores, nxt, raw_lease, paused, forced, broken, _ = read
         entries_changed = ENTRIES_CHANGED_MEMBER in names[:int(n_changed)]
         if entries_changed:  # the marker is no lane: read it as the flag it is
             at = names.index(ENTRIES_CHANGED_MEMBER)

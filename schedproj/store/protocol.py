@@ -154,6 +154,13 @@ class Keys:
         return f"{self.prefix}:due:stamp"
 
     @property
+    def changed_reading(self) -> str:
+        """Set: a changed set too large for one call, kept aside while beat reads it by pages
+        (``lua/tick_read.lua``); deleted by the page that ends the read, so a beat that stops
+        mid-read leaves it for the next read."""
+        return f"{self.prefix}:changed:reading"
+
+    @property
     def changed_stamp(self) -> str:
         """Integer: the changed set's generation, bumped by beat each time it empties the set
         and re-adds ``<STAMP_MEMBER>:<generation>``; a set without that member was lost."""

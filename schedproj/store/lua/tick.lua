@@ -7,10 +7,10 @@
 -- them.
 -- KEYS[1] beat lock, KEYS[2] beat fence, KEYS[3] epoch record, KEYS[4] due index,
 -- KEYS[5] changed set, KEYS[6] lanes hash, KEYS[7] lease, KEYS[8] paused, KEYS[9] run-now,
--- KEYS[10] due stamp, KEYS[11] changed stamp
+-- KEYS[10] due stamp, KEYS[11] changed stamp, KEYS[12] the changed set being read by pages
 -- ARGV[1] beat token, ARGV[2] lock ttl ms, ARGV[3] quarantine ms, ARGV[4] new epoch id,
 -- ARGV[5] epoch record version, ARGV[6] cursor, ARGV[7] now, ARGV[8] stamp member,
--- ARGV[9...] lanes read every tick
+-- ARGV[9] page, ARGV[10...] lanes read every tick
 -- Returns {beat_lock's reply, epoch's reply, tick_read's reply}; a lock reply event
 -- 'bad-fence' when the beat fence is unusable.
 local function beat_lock(KEYS, ARGV)
@@ -58,8 +58,8 @@ if not ok_epoch then
   redis.call('DEL', KEYS[3])
   epoch_reply = epoch(epoch_keys, epoch_args)
 end
-local read_args = {ARGV[1], ARGV[6], ARGV[7], ARGV[8]}
-for i = 9, #ARGV do read_args[#read_args + 1] = ARGV[i] end
+local read_args = {ARGV[1], ARGV[6], ARGV[7], ARGV[8], ARGV[9]}
+for i = 10, #ARGV do read_args[#read_args + 1] = ARGV[i] end
 return {lock, epoch_reply,
         tick_read({KEYS[1], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9],
-                   KEYS[10], KEYS[11]}, read_args)}
+                   KEYS[10], KEYS[11], KEYS[12]}, read_args)}

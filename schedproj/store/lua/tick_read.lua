@@ -3,26 +3,27 @@
 -- came since then, with their records and index scores; plus the lease, the operator sets and
 -- the index's next look after now. Only for the beat holding the lock (a standby consumes
 -- nothing). KEYS[1] beat lock, KEYS[2] due index, KEYS[3] changed set, KEYS[4] lanes hash,
--- KEYS[5] lease, KEYS[6] paused, KEYS[7] run-now, KEYS[8] due stamp, KEYS[9] changed stamp
+-- KEYS[5] lease, KEYS[6] paused, KEYS[7] run-now, KEYS[8] due stamp, KEYS[9] changed stamp,
+-- KEYS[10] the changed set being read by pages
 -- ARGV[1] beat token, ARGV[2] cursor (exclusive; '-inf': every due lane), ARGV[3] now,
--- ARGV[4] stamp member, ARGV[5...] lanes read every tick (gate blockers, due-check lanes)
+-- ARGV[4] stamp member, ARGV[5] page (most changed lanes, and most due lanes, one call
+-- reads), ARGV[6...] lanes read every tick (gate blockers, due-check lanes)
 -- Returns {1, names, n changed, values (run, sched per name), scores, next look, lease,
--- paused, run-now, broken} or {0}. broken lists key, problem pairs: a derived key ('stale':
--- its stamp disagrees with its counter, so it was deleted, emptied or restored from an older
--- copy; or 'wrong-type') beat must rebuild, or an operator key of the wrong type, read as
--- empty. A key of the wrong type never fails the read: one broken key stops only what
+-- paused, run-now, broken, more} or {0}. broken lists key, problem pairs: a derived key
+-- ('stale': its stamp disagrees with its counter, so it was deleted, emptied or restored from
+-- an older copy; or 'wrong-type') beat must rebuild, or an operator key of the wrong type,
+-- read as empty. A key of the wrong type never fails the read: one broken key stops only what
 -- depends on it.
+-- more is {} when this call read everything; else the read goes on by pages (tick_page.lua,
+-- whose arguments more is): {changed cursor, due continuation...}. A changed set larger than
+-- a page is renamed to KEYS[10] (a fresh, stamped changed set takes what changes from now on)
+-- and scanned by pages; KEYS[10] is deleted only by the page that ends the read, so a beat
+-- that stops mid-read loses no mark: the next read (by any beat) reads it with its own.
+-- Due lanes beyond a page are read a page a call in index order.
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0} end
 local STAMP = ARGV[4]
-local broken = {}
-local function try(...)
-  local r = redis.pcall(...)
-  if type(r) == 'table' and r.err then
-    return nil, r.err
-  end
-  return r
-end
-local function report(key, problem) broken[#broken + 1] = key; broken[#broken + 1] = problem end
+local PAGE = tonumber(ARGV[5])
+-- include: tick_parts
 -- The due index agrees with its counter (one ZSCORE and one GET: the idle tick stays cheap).
 local due_ok = true
 local idx_stamp, due_err = try('ZSCORE', KEYS[2], STAMP)
@@ -34,29 +35,57 @@ else
     report(KEYS[2], 'stale')
   end
 end
+-- A read by pages a beat left unfinished (it stopped, or lost the lock): read again now.
+local leftover, reading_err = try('EXISTS', KEYS[10])
+if reading_err then leftover = 0 end
+if leftover == 1 and redis.call('TYPE', KEYS[10])['ok'] ~= 'set' then
+  -- Garbage where marks were kept: they are lost, as if the changed set were (beat heals).
+  redis.call('DEL', KEYS[10]); report(KEYS[3], 'stale'); leftover = 0
+end
 -- The changed set holds its generation's stamp member, else marks were lost.
-local members, changed_err = try('SMEMBERS', KEYS[3])
-local changed = {}
+local changed, changed_cursor = {}, ''
+local size, changed_err = try('SCARD', KEYS[3])
 if changed_err then
   report(KEYS[3], 'wrong-type')
 else
   local gen = try('GET', KEYS[9])
   local expect = STAMP .. ':' .. tostring(gen)
-  local found = false
-  for _, m in ipairs(members) do
-    if m == expect then found = true
-    elseif string.sub(m, 1, #STAMP) ~= STAMP then changed[#changed + 1] = m end
-  end
+  local found = redis.call('SISMEMBER', KEYS[3], expect) == 1
   if not found then report(KEYS[3], 'stale') end
+  if leftover == 1 or size > PAGE + 2 then
+    -- Too large for one call (or a read left unfinished): kept aside and read by pages.
+    if size > 0 then
+      if leftover == 1 then
+        redis.call('SUNIONSTORE', KEYS[10], KEYS[10], KEYS[3]); redis.call('DEL', KEYS[3])
+      else
+        redis.call('RENAME', KEYS[3], KEYS[10])
+      end
+    end
+    changed_cursor = '0'
+  else
+    for _, m in ipairs(redis.call('SMEMBERS', KEYS[3])) do
+      if string.sub(m, 1, #STAMP) ~= STAMP then changed[#changed + 1] = m end
+    end
+  end
   -- Emptied as read, and stamped afresh (a stale set is reported once: beat heals it).
-  if not found or #changed > 0 then
+  if not found or #changed > 0 or changed_cursor ~= '' then
     local next_gen = try('INCR', KEYS[9])
     redis.call('DEL', KEYS[3])
     if next_gen then redis.call('SADD', KEYS[3], STAMP .. ':' .. next_gen) end
   end
 end
-local timely = {}
-if due_ok then timely = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. ARGV[2], ARGV[3]) end
+local timely, due_more = {}, {}
+if due_ok then
+  -- One lane more than a page tells whether the due lanes fit: if not, this call reads the
+  -- first page and the rest go on after its last lanes (tick_parts' due_after).
+  local got = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. ARGV[2], ARGV[3], 'WITHSCORES',
+                         'LIMIT', 0, PAGE + 1)
+  local n = math.min(#got, 2 * PAGE)
+  for i = 1, n, 2 do timely[#timely + 1] = got[i] end
+  if #got > 2 * PAGE then
+    for i = math.max(1, n - 2 * ANCHORS + 1), n do due_more[#due_more + 1] = got[i] end
+  end
+end
 local seen, names = {}, {}
 seen[STAMP] = true
 local function add(list)
@@ -67,40 +96,19 @@ end
 add(changed)
 local n_changed = #names
 local always = {}
-for i = 5, #ARGV do always[#always + 1] = ARGV[i] end
+for i = 6, #ARGV do always[#always + 1] = ARGV[i] end
 add(always)
 add(timely)
-local values, scores = {}, {}
-local step = 500
-for i = 1, #names, step do
-  local fields, members_step = {}, {}
-  for j = i, math.min(i + step - 1, #names) do
-    fields[#fields + 1] = names[j] .. '|run'
-    fields[#fields + 1] = names[j] .. '|sched'
-    members_step[#members_step + 1] = names[j]
-  end
-  local got, lanes_err = try('HMGET', KEYS[4], unpack(fields))
-  if lanes_err then
-    -- No record can be read: read nothing (a lane read as never run would be dispatched).
-    report(KEYS[4], 'wrong-type')
-    return {1, {}, 0, {}, {}, '', '', {}, {}, broken}
-  end
-  for _, v in ipairs(got) do values[#values + 1] = v end
-  for _, member in ipairs(members_step) do
-    local s = due_ok and redis.call('ZSCORE', KEYS[2], member)
-    scores[#scores + 1] = s or ''
-  end
+local values, scores = read_records(KEYS[4], KEYS[2], names, due_ok)
+if not values then
+  -- No record can be read: read nothing (a lane read as never run would be dispatched).
+  return {1, {}, 0, {}, {}, '', '', {}, {}, broken, {}}
 end
-local nxt = {}
-if due_ok then
-  nxt = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. ARGV[3], '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+local more = {}
+if changed_cursor ~= '' or #due_more > 0 then
+  more = {changed_cursor}
+  for _, v in ipairs(due_more) do more[#more + 1] = v end
 end
-local function read_set(key)
-  local got, err = try('SMEMBERS', key)
-  if err then report(key, 'wrong-type'); return {} end
-  return got
-end
-local lease, lease_err = try('GET', KEYS[5])
-if lease_err then report(KEYS[5], 'wrong-type'); lease = '?' end
-return {1, names, n_changed, values, scores, nxt[2] or '', lease or '',
-        read_set(KEYS[6]), read_set(KEYS[7]), broken}
+local nxt, lease, paused, run_now = read_tail(KEYS[2], due_ok, ARGV[3], KEYS[5], KEYS[6],
+                                              KEYS[7])
+return {1, names, n_changed, values, scores, nxt, lease, paused, run_now, broken, more}
