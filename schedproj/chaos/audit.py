@@ -441,8 +441,9 @@ def audit_entries(sends: Iterable[Mapping[str, Any]], runs: Iterable[Mapping[str
       counted as delayed, not missed: an entry whose state was lost counts from when beat
       saw the loss;
     * a crontab entry (``minutely``) is claimed once in each minute, within ``slack_s`` of the
-      minute (not counting fault time); a minute that fell inside a state loss may be skipped
-      (counted: a state that was lost counts from when beat saw the loss);
+      minute (not counting fault time; a minute with no claim waited until the next claim, or
+      the window's end); a minute that fell inside a state loss may be skipped (counted: a
+      state that was lost counts from when beat saw the loss);
     * the claims' counts go up one at a time (or start again at 1 after a state loss): a
       count skipped is a claim never published, allowed only across a beat killed (a
       ``beat_kills`` kind: killed between the claim and the publish);
@@ -534,16 +535,22 @@ def _minutely_entry(name: str, mine: list[Claim], window: tuple[float, float], s
     for minute in range(int(lo // 60 + 1) * 60, int(hi - slack_s), 60):
         _during(minute, faults, report)
         claimed = by_minute.get(float(minute))
-        if not claimed:
+        if claimed:
+            first = claimed[0].at
+        else:
             before = max((at for at in claimed_ats if at < minute), default=None)
             if before is not None and unrecorded.get(before, 0) > 0:
                 unrecorded[before] -= 1  # already counted by _entry_counts
-            elif any(began <= minute <= until for began, until in lossy):
+                continue
+            if any(began <= minute <= until for began, until in lossy):
                 report.skipped_after_loss.append((name, float(minute)))
-            else:
-                report.missed.append((name, float(minute), float(minute), 0.0))
-            continue
-        first = claimed[0].at
+                continue
+            # Not claimed in its minute: it waited at least until the next claim (of a later
+            # minute), or to the window's end - judged on that wait as a late claim is, not
+            # counting fault time. A run whose last fault (a beat killed just before the
+            # minute) ends as the window does stopped the fleet before the standby's first
+            # tick could send it: its bound had not passed.
+            first = min((at for at in claimed_ats if at > minute), default=hi)
         excused = _covered(minute, first, spans)
         if first - minute - excused > slack_s:
             report.missed.append((name, float(minute), first, round(excused, 2)))
