@@ -28,7 +28,7 @@ from bisect import bisect_left
 from collections import ChainMap
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableSequence
 from datetime import UTC, datetime, timedelta
-from itertools import chain
+from itertools import chain, islice
 from types import MappingProxyType
 from typing import Any
 
@@ -69,6 +69,16 @@ REFUSED_RETRY_S = 1.0
 #: removed) is healed at once, and again at most this often (seconds): each heal writes every
 #: entry, so a mismatch that persisted (it should not) never costs that every tick.
 REPAIR_EVERY_S = 60.0
+#: Work that touches every entry (a take-over's index, states and listing; the reconcile's heal
+#: of the index) is done this many entries a step ...
+PASS_PAGE = 1000
+#: ... at most this many steps a tick (and no more once the tick's budget is spent): at
+#: 1,000,000 entries a take-over done in one tick held beat 15 s, past the beat lock's TTL.
+#: Ticks come back at once while a pass lasts; the lock is renewed between them.
+PASS_STEPS_PER_TICK = 16
+#: At most this many reads of the due index (each up to ``READ_LIMIT`` entries) are judged a
+#: tick (and none more once the tick's budget is spent): the rest wait a tick.
+JUDGE_READS_PER_TICK = 8
 #: The key of a ``beat_schedule`` entry's ``options`` that holds what schedproj reads of it
 #: (``timezone``, ``catchup_window_s``); it is not sent with the message.
 OWN_OPTIONS = "schedproj"
@@ -540,6 +550,56 @@ def runtime_entry(name: str, raw: str, app: Any, where: str) -> LoadedEntry:
                        tz=app.timezone, raw=raw, zone=zone, calendar=calendar, own=own or None)
 
 
+class EntriesPass:
+    """Work that touches every entry, done :data:`PASS_PAGE` entries a step across ticks, so
+    that no tick's entries step grows with their number (:meth:`BeatEntries.take_over`, the
+    reconcile, a listing published afresh). Its phases, in order:
+
+    * ``put-back``: the states this beat remembers written back where Redis holds none;
+    * ``look``: every entry looked at no later than now (one missing from the due index
+      added); those the index holds as due already keep their place ahead of them, so a
+      take-over judges the due entries first;
+    * ``heal``: every entry missing from the due index added due now, a next look past the
+      latest one beat writes brought back to it (the reconcile's);
+    * ``states``: every stored state read (remembered; those of entries no longer defined
+      deleted);
+    * ``listing``: the listing operators read, written afresh.
+
+    A step Redis refused is tried again at the next tick, from where it was."""
+
+    def __init__(self, phases: Iterable[str] = (),
+                 put_back: Iterator[tuple[str, str]] | None = None, *,
+                 take_over: bool = False) -> None:
+        self.phases = list(phases)
+        #: The names the phase under way goes through: the entries defined when it began.
+        self.names: list[str] = []
+        self.put_back = put_back
+        self.take_over = take_over
+        #: Where the phase under way is: in ``names``, or the states scan's cursor.
+        self.position = self.cursor = 0
+        #: The put-back page read but not written yet (tried again after a refusal).
+        self.held: list[tuple[str, str]] = []
+        self.put_back_count = self.remembered_count = self.added = 0
+        #: The listing's pages held an entry.
+        self.wrote = False
+        self.done: list[str] = []
+
+    @property
+    def phase(self) -> str | None:
+        return self.phases[0] if self.phases else None
+
+    def next_phase(self) -> None:
+        self.done.append(self.phases.pop(0))
+        self.position = self.cursor = 0
+
+    def want(self, phase: str, *, again: bool = False) -> None:
+        """Have ``phase`` done (``again``: from its start, if it is under way)."""
+        if phase not in self.phases:
+            self.phases.append(phase)
+        elif again and self.phase == phase:
+            self.position = self.cursor = 0
+
+
 class BeatEntries:
     """The entries step of the active beat's tick."""
 
@@ -571,10 +631,17 @@ class BeatEntries:
         self._index_short = self._info_short = False
         #: When the index (or the listing) was last healed for being found short.
         self._index_healed_at = self._info_healed_at = float("-inf")
+        #: The pass over every entry under way (None: none), a page a step.
+        self._pass: EntriesPass | None = None
 
     @property
     def names(self) -> list[str]:
         return sorted([*self.code, *self.runtime])
+
+    @property
+    def passing(self) -> bool:
+        """A pass over every entry (:class:`EntriesPass`) is under way."""
+        return self._pass is not None
 
     def __len__(self) -> int:
         return len(self.code) + len(self.runtime)
@@ -604,38 +671,28 @@ class BeatEntries:
         self._reconcile = True
 
     def take_over(self, now: float, *, put_back: bool = False, current: bool = False) -> None:
-        """This beat just became active (or Redis lost state): load the runtime entries,
-        delete the state of entries that no longer exist, and index every entry for a look
-        now, so the ticks that follow judge each from its stored state. With ``put_back``
-        (Redis lost state while this beat ran, and what it remembers is current), first write
-        back the states it remembers where Redis now holds none. Without ``current`` (this
-        beat was not the active one a moment ago: it stood by, or was frozen past its lock),
-        what it remembers is forgotten first: another beat may have sent due times since."""
+        """This beat just became active (or Redis lost state): load the runtime entries, and
+        begin the take-over pass (:class:`EntriesPass`, a bounded page of it per tick): with
+        ``put_back`` (Redis lost state while this beat ran, and what it remembers is current)
+        the states it remembers are written back where Redis holds none; every entry is looked
+        at now (those the due index already holds as due keep their place ahead: judged
+        first), every stored state read (those of entries no longer defined deleted) and the
+        listing published afresh. Without ``current`` (this beat was not the active one a
+        moment ago: it stood by, or was frozen past its lock), what it remembers is forgotten
+        first, before anything is judged: another beat may have sent due times since."""
         self._take_over_pending = put_back
         try:
             if not current:
                 # Another beat may have sent due times since this one last wrote: what it
                 # remembers is a past no longer true; judged from, it would send them again.
                 self._forget()
-            if put_back:
-                self._put_back()
+            remembered = self._remembered() if put_back else None
+            # Before anything is judged: an indexed runtime entry not loaded yet would read
+            # as no longer defined, its state deleted.
             self._load_runtime()
-            self.store.publish(self._info())
-            gone: set[str] = set()
-            for name, raw in self.store.all_states():
-                if self.defines(name):
-                    self._remember_decoded(name, raw)
-                else:
-                    gone.add(name)
-            removed = sorted(gone)
-            # Due now, not at 0: a next look of 0 marks a state written outside beat.
-            if not self.store.rebuild_index(
-                    self.token, dict.fromkeys([*self.code, *self.runtime], now)):
-                raise BeatLockLost("the beat lock was lost while indexing the schedule entries")
-            if removed:
-                logger.info("schedule entries %s are no longer defined: their state is deleted",
-                            removed[:20] if len(removed) > 20 else removed)
-                self._written(self.store.write(self.token, (), removed=removed))
+            self._pass = EntriesPass(
+                [*(["put-back"] if put_back else []), "look", "states", "listing"],
+                remembered, take_over=True)
             self.head = now if len(self) else None
             self._take_over_pending = None
             self._reconcile = self._index_short = self._info_short = False
@@ -646,6 +703,18 @@ class BeatEntries:
         except redis.ResponseError as exc:
             self._say_refused(exc, now)
 
+    def _all_names(self) -> list[str]:
+        """Every entry's name, the runtime ones first (few, and a one-off whose instant passed
+        while no beat ran is due at once), then the code's in their order."""
+        return [*self.runtime, *self.code]
+
+    def _remembered(self) -> Iterator[tuple[str, str]]:
+        """The states this beat remembers, encoded: the runtime entries' read now (a reload
+        may drop them), the code's as the put-back pages ask for them."""
+        runtime = [(name, EntryState(e.last_run_at, e.runs, e.schedule_key).encode())
+                   for name, e in self.runtime.items() if e.last_run_at is not None]
+        return chain(runtime, ((name, state.encode()) for name, state in self.code.remembered()))
+
     def _forget(self) -> None:
         """Drop every state remembered (the stored states are read afresh)."""
         self.code.forget()
@@ -654,16 +723,6 @@ class BeatEntries:
 
     def _runtime_raws(self) -> dict[str, str]:
         return {name: e.raw for name, e in self.runtime.items()}
-
-    def _put_back(self) -> None:
-        remembered = {name: state.encode() for name, state in self.code.remembered()}
-        remembered.update({name: EntryState(e.last_run_at, e.runs, e.schedule_key).encode()
-                           for name, e in self.runtime.items() if e.last_run_at is not None})
-        if remembered:
-            n = self.store.put_back(remembered)
-            logger.warning("schedule entries: Redis lost their state; put back %d of the %d "
-                           "this beat remembers (no due time is sent twice or skipped for "
-                           "them)", n, len(remembered))
 
     def _remember(self, name: str, state: EntryState, key: str | None = None,
                   force: bool = False) -> None:
@@ -709,7 +768,13 @@ class BeatEntries:
         ``now`` is the tick's start; the entries are judged on the clock of the moment
         instead, as their schedules' ``is_due`` is: a tick that stalled before this step (a
         slow due-check, Redis frozen) would otherwise record a run seconds before the moment
-        its schedule judged it due, and the next tick would find it due again at once."""
+        its schedule judged it due, and the next tick would find it due again at once.
+
+        A tick does a bounded amount of work whatever the number of entries: at most
+        :data:`PASS_STEPS_PER_TICK` pages of a pass over every entry (a take-over, the
+        reconcile), then at most :data:`JUDGE_READS_PER_TICK` reads of due entries, each cut
+        short once the tick spent :data:`TICK_BUDGET_S`; the rest in the next ticks, so the
+        lanes' tick and the beat lock's renewal come between."""
         now = max(now, time.time())
         if self._take_over_pending is not None:   # refused before: finish it first
             # (What had to be forgotten was, before anything that Redis could refuse.)
@@ -721,18 +786,21 @@ class BeatEntries:
                 self._reload(now)
             self._repair(now)
             started = time.monotonic()
+            self._advance(now, started)
+            reads = 0
             while self.head is not None and self.head <= now:
                 now = max(now, time.time())
                 more = self._tick_once(now)
+                reads += 1
                 self._repair(now)
                 if not more:
                     break
-                if time.monotonic() - started > TICK_BUDGET_S:
+                if reads >= JUDGE_READS_PER_TICK or time.monotonic() - started > TICK_BUDGET_S:
                     # Thousands due at once (a start, a midnight crontab): the rest in the
-                    # next ticks, so the lanes' tick and the beat lock's renewal come between.
+                    # next ticks.
                     return now
             self._refused = ""
-            return self.head
+            return now if self._pass is not None else self.head
         except redis.ResponseError as exc:
             self._say_refused(exc, now)
             return self.head
@@ -742,7 +810,7 @@ class BeatEntries:
         before = self._runtime_raws()
         gone = self._load_runtime()
         if self._runtime_raws() != before:
-            self.store.publish(self._info())
+            self._publish_afresh()
         removed = [n for n in gone if not self.defines(n)]
         if removed:
             self._written(self.store.write(self.token, (), removed=removed))
@@ -756,23 +824,18 @@ class BeatEntries:
         """Heal what is derived from the entries: on the reconcile, and when the last write
         found the due index holding fewer entries than beat runs (deleted, or a member
         removed: such an entry would never be looked at again) or the listing not holding
-        them all (status and the verbs would not see them). Costs one write per entry: only
-        then, and a found mismatch at most every :data:`REPAIR_EVERY_S`."""
+        them all (status and the verbs would not see them). Each is a pass over every entry
+        (:class:`EntriesPass`, a page per step): only then, and a found mismatch at most every
+        :data:`REPAIR_EVERY_S`. A take-over's pass under way heals both already."""
         reconcile, self._reconcile = self._reconcile, False
+        if self._pass is not None and self._pass.take_over:
+            return
+        phases: list[str] = []
         if reconcile or (self._index_short and now - self._index_healed_at >= REPAIR_EVERY_S):
             self._index_short = False
             if not reconcile:
                 self._index_healed_at = now
-            done = self.store.reindex(self.token, chain(self.code, self.runtime), now,
-                                      now + self.max_look_s)
-            if done is None:
-                raise BeatLockLost("the beat lock was lost while healing the entries' index")
-            added, self.head = done
-            if added:
-                logger.warning("schedule entries: %d were missing from %s (deleted, or members "
-                               "removed): put back, looked at now", added,
-                               self.keys.entries_due)
-                self.store.count_heal()
+            phases.append("heal")
         if reconcile or (self._info_short and now - self._info_healed_at >= REPAIR_EVERY_S):
             self._info_short = False
             if not reconcile:
@@ -780,7 +843,118 @@ class BeatEntries:
                 logger.warning("schedule entries: the listing %s did not hold every entry "
                                "(lost or changed outside beat): published afresh",
                                self.keys.entries_info)
-            self.store.publish(self._info())
+            phases.append("listing")
+        for phase in phases:
+            if self._pass is None:
+                self._pass = EntriesPass()
+            self._pass.want(phase)
+
+    def _publish_afresh(self) -> None:
+        """Publish the listing again, in the pass under way or in one of its own (one begun
+        already starts over: it was written before the change)."""
+        if self._pass is None:
+            self._pass = EntriesPass()
+        self._pass.want("listing", again=True)
+
+    # -- a pass over every entry, a page a step ------------------------------------------------
+    def _advance(self, now: float, started: float) -> None:
+        """Take the pass under way a few steps on: at least one, at most
+        :data:`PASS_STEPS_PER_TICK`, and none more once half the tick's budget is spent (the
+        due entries are judged after)."""
+        steps = 0
+        while self._pass is not None and steps < PASS_STEPS_PER_TICK and (
+                steps == 0 or time.monotonic() - started <= TICK_BUDGET_S / 2):
+            work = self._pass
+            phase = work.phase
+            if phase == "put-back":
+                self._put_back_page(work)
+            elif phase in ("look", "heal"):
+                self._index_page(work, now)
+            elif phase == "states":
+                self._states_page(work)
+            elif phase == "listing":
+                self._listing_page(work)
+            if work.phase is None and self._pass is work:
+                self._pass = None
+                self._pass_done(work)
+            steps += 1
+
+    def _put_back_page(self, work: EntriesPass) -> None:
+        """Write back a page of the states remembered, where Redis holds none."""
+        page = work.held or list(islice(work.put_back or (), PASS_PAGE))
+        work.held = page
+        if page:
+            work.put_back_count += self.store.put_back(dict(page))
+            work.remembered_count += len(page)
+            work.held = []
+            return
+        if work.remembered_count:
+            logger.warning("schedule entries: Redis lost their state; put back %d of the %d "
+                           "this beat remembers (no due time is sent twice or skipped for "
+                           "them)", work.put_back_count, work.remembered_count)
+        work.next_phase()
+
+    def _index_page(self, work: EntriesPass, now: float) -> None:
+        """A page of entries in the due index: each missing added due now; a next look past
+        now (a take-over's "look") or past the latest beat writes (the "heal") brought to it;
+        the others, the due among them, keep their place."""
+        if work.position == 0:   # the entries defined when it begins
+            work.names = self._all_names()
+        page = work.names[work.position:work.position + PASS_PAGE]
+        latest = now if work.phase == "look" else now + self.max_look_s
+        done = self.store.reindex(self.token, page, now, latest)
+        if done is None:
+            raise BeatLockLost("the beat lock was lost while indexing the schedule entries")
+        added, self.head = done
+        work.added += added
+        work.position += len(page)
+        if work.position >= len(work.names):
+            work.next_phase()
+
+    def _states_page(self, work: EntriesPass) -> None:
+        """A page of the stored states: remembered (a state read counts as remembered: the
+        one to put back after a loss), those of entries no longer defined deleted."""
+        cursor, page = self.store.states_page(work.cursor)
+        gone: list[str] = []
+        for name, raw in page:
+            if self.defines(name):
+                self._remember_decoded(name, raw)
+            else:
+                gone.append(name)
+        if gone:
+            gone.sort()
+            logger.info("schedule entries %s are no longer defined: their state is deleted",
+                        gone[:20] if len(gone) > 20 else gone)
+            self._written(self.store.write(self.token, (), removed=gone))
+        work.cursor = cursor
+        if cursor == 0:
+            work.next_phase()
+
+    def _listing_page(self, work: EntriesPass) -> None:
+        """A page of the listing operators read, written to its staging key; the last one
+        makes it the listing."""
+        if work.position == 0:   # the entries defined when it begins
+            work.names = self._all_names()
+            work.wrote = False
+            self.store.publish_begin()
+        page = work.names[work.position:work.position + PASS_PAGE]
+        info = [(name, entry.info()) for name in page if (entry := self.entry(name)) is not None]
+        work.wrote = self.store.publish_page(info) or work.wrote
+        work.position += len(page)
+        if work.position >= len(work.names):
+            self.store.publish_end(work.wrote)
+            work.next_phase()
+
+    def _pass_done(self, work: EntriesPass) -> None:
+        if work.take_over:
+            # The index and the listing now hold every entry: what a write found short while
+            # they were built is not a loss.
+            self._index_short = self._info_short = False
+        elif work.added and "heal" in work.done:
+            logger.warning("schedule entries: %d were missing from %s (deleted, or members "
+                           "removed): put back, looked at now", work.added,
+                           self.keys.entries_due)
+            self.store.count_heal()
 
     def _tick_once(self, now: float) -> bool:
         due = self.store.due(now)

@@ -83,6 +83,14 @@ class EntryStore:
                           marked=frozenset(map(str, names[:int(marked)])),
                           broken=tuple(map(str, broken)))
 
+    def states_page(self, cursor: int) -> tuple[int, list[tuple[str, str]]]:
+        """One page of every entry's stored state (``HSCAN`` from ``cursor``, about
+        :data:`SCAN_CHUNK` of them) and the cursor of the next (0: the scan is complete): a
+        beat taking over reads them a page per tick. A state written meanwhile may come twice."""
+        cursor, page = self.client.hscan(self.keys.entries, cursor, count=SCAN_CHUNK)
+        assert isinstance(page, dict)
+        return int(cursor), [(str(name), str(raw)) for name, raw in page.items()]
+
     def all_states(self) -> Iterator[tuple[str, str]]:
         """Every entry's stored state (a beat taking over reads them all once), read
         :data:`SCAN_CHUNK` at a time (``HSCAN``: a state written meanwhile may come twice)."""
@@ -159,14 +167,31 @@ class EntryStore:
         """Replace what operators read of the entries (``Keys.entries_info``): written
         :data:`SCAN_CHUNK` at a time to a key of its own, renamed over the old one once
         complete, so a reader sees the old listing or the new one, never a part."""
-        k = self.keys
-        self.client.delete(k.entries_info_staging)
+        self.publish_begin()
         wrote = False
         for chunk in _chunks(info, SCAN_CHUNK):
-            self.client.hset(k.entries_info_staging, mapping=dict(chunk))
-            wrote = True
+            wrote = self.publish_page(chunk) or wrote
+        self.publish_end(wrote)
+
+    def publish_begin(self) -> None:
+        """Start a listing (:meth:`publish` in steps: a beat with many entries writes it a
+        page per tick): the staging key emptied."""
+        self.client.delete(self.keys.entries_info_staging)
+
+    def publish_page(self, info: Sequence[tuple[str, str]]) -> bool:
+        """Add ``info`` to the listing begun; True if it held any."""
+        if info:
+            self.client.hset(self.keys.entries_info_staging, mapping=dict(info))
+        return bool(info)
+
+    def publish_end(self, wrote: bool) -> None:
+        """Make the listing begun the one operators read (``wrote``: a page held an entry;
+        else there is none to list). A listing begun again elsewhere meanwhile (another beat)
+        may have taken the staging key: then the current listing is left as it is."""
+        k = self.keys
         if wrote:
-            self.client.rename(k.entries_info_staging, k.entries_info)
+            with contextlib.suppress(redis.ResponseError):   # "no such key": renamed elsewhere
+                self.client.rename(k.entries_info_staging, k.entries_info)
         else:
             self.client.delete(k.entries_info)
 
