@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Iterable, Sequence
+from typing import Any
 
 import redis
 
@@ -26,6 +27,13 @@ from schedproj.store.protocol import Keys, run_field, sched_field
 CHUNK = 2000
 
 
+def generations_key(keys: Keys) -> str:
+    """Hash: family -> its members' generation, bumped by every add and remove (in the MULTI
+    that changes the set), so beat knows a family it synced is unchanged without reading its
+    members (200,000 of them took 1.0-1.6 s a sync). Absent: 0."""
+    return f"{keys.prefix}:families:generation"
+
+
 def check_family_name(family: object) -> str:
     """The family's name, if it is well formed: 1 to 128 characters out of the member keys'
     set (letters, digits and ``. _ - : / @ + =``), so never a Redis glob (``* ? [``), a hash
@@ -36,6 +44,17 @@ def check_family_name(family: object) -> str:
     raise FamilyError(f"family {str(family)[:60]!r}", "not a well-formed family name",
                       f"name the family task (1 to {KEY_MAX_LEN} characters out of "
                       f"{KEY_CHARS}), as declared with lane=LaneFamily(...)")
+
+
+def _generation(raw: Any) -> int | None:
+    """A generation as read (None: absent, 0), or None if it is not one (a hash of the wrong
+    type reads as an error)."""
+    if raw is None:
+        return 0
+    try:
+        return int(raw)
+    except (TypeError, ValueError):
+        return None
 
 
 class FamilyStore:
@@ -77,7 +96,7 @@ class FamilyStore:
                 pipe.hsetnx(self.keys.lanes, run_field(lane), born)
             pipe.zadd(self.keys.due, dict.fromkeys(lanes, 0.0), nx=True)
             pipe.sadd(self.keys.changed, *lanes)
-            added += int(pipe.execute()[1])
+            added += int(self._execute(pipe, family)[1])
         return added
 
     def remove(self, family: str, keys: Iterable[str]) -> int:
@@ -97,8 +116,37 @@ class FamilyStore:
             pipe.srem(self.keys.run_now, *lanes)
             pipe.hdel(self.keys.errors, *lanes)
             pipe.sadd(self.keys.changed, *lanes)
-            removed += int(pipe.execute()[0])
+            removed += int(self._execute(pipe, family)[0])
         return removed
+
+    def _execute(self, pipe: redis.client.Pipeline, family: str) -> list[Any]:
+        """Run a MULTI that changes ``family``'s members, bumping its generation with it. A
+        generations hash of the wrong type fails that bump alone (the change is made; beat
+        then reads the members every sync, as it would without the generation)."""
+        pipe.hincrby(generations_key(self.keys), family, 1)
+        *results, _ = pipe.execute(raise_on_error=False)
+        for result in results:
+            if isinstance(result, Exception):
+                raise result
+        return results
+
+    def generation(self, family: str) -> int | None:
+        """``family``'s members' generation (0: never bumped), None if unreadable."""
+        try:
+            return _generation(self.client.hget(generations_key(self.keys), family))
+        except redis.ResponseError:
+            return None
+
+    def generation_and_count(self, family: str) -> tuple[int | None, int]:
+        """:meth:`generation` and :meth:`count` in one round trip."""
+        self.check_family(family)
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hget(generations_key(self.keys), family)
+        pipe.scard(self.keys.family(family))
+        raw, count = pipe.execute(raise_on_error=False)
+        if isinstance(count, Exception):
+            raise count
+        return _generation(raw), int(count)
 
     def members(self, family: str) -> list[str]:
         """The member keys, sorted."""
@@ -111,10 +159,28 @@ class FamilyStore:
 
     def sync(self, family: str, wanted: Sequence[str]) -> tuple[int, int]:
         """Make the members exactly ``wanted``: (added, removed)."""
+        added, removed, _ = self.sync_counted(family, wanted)
+        return added, removed
+
+    def sync_counted(self, family: str, wanted: Sequence[str]) -> tuple[int, int, int | None]:
+        """:meth:`sync`, and the generation the members are at once it is done, if no other
+        writer changed them meanwhile (None: one may have, or it is unreadable)."""
         self.check_family(family)
         want = {check_key(family, k) for k in wanted}
-        have = set(self.members(family))
-        return self.add(family, want - have), self.remove(family, have - want)
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hget(generations_key(self.keys), family)
+        pipe.smembers(self.keys.family(family))
+        before, members = pipe.execute(raise_on_error=False)
+        if isinstance(members, Exception):
+            raise members
+        have = {str(k) for k in members}
+        added = self.add(family, want - have)
+        removed = self.remove(family, have - want)
+        bumps = (len(want - have) + CHUNK - 1) // CHUNK + (len(have - want) + CHUNK - 1) // CHUNK
+        start, after = _generation(before), self.generation(family)
+        if start is None or after != start + bumps:
+            return added, removed, None
+        return added, removed, after
 
 
-__all__ = ["FamilyStore", "check_family_name"]
+__all__ = ["FamilyStore", "check_family_name", "generations_key"]
