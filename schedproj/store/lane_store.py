@@ -168,6 +168,9 @@ class LaneStore:
         #: How many lanes each call of the last tick read returned (its first call's, then
         #: each page's): what bounds how long one call holds Redis.
         self.read_pages: tuple[int, ...] = ()
+        #: How many lanes each call of the last heal put back (the declared ones, then a page
+        #: of family members a call).
+        self.heal_pages: list[int] = []
         self._decoded: dict[tuple[str, str], Any] = {}
         #: What this store last wrote to each sched field (raw, record), so reading it back
         #: unchanged costs no decoding (bounded by :data:`WRITTEN_MEMO_MAX`).
@@ -184,6 +187,7 @@ class LaneStore:
         self._tick = scripts.register(client, "tick")
         self._tick_page = scripts.register(client, "tick_page")
         self._heal = scripts.register(client, "tick_heal")
+        self._heal_page = scripts.register(client, "heal_page")
         self._epoch_check = scripts.register(client, "epoch_check")
         self._lua_gc = scripts.register(client, "lua_gc")
         #: The epoch id the last read returned (``EpochStatus.known_id`` of the next).
@@ -415,17 +419,35 @@ class LaneStore:
 
     def heal_derived(self, beat_token: str, lanes: Sequence[str], *, rescore: bool) -> bool:
         """Rebuild the due index and the changed set and stamp both afresh (``tick_heal.lua``):
-        ``lanes`` (the declared lanes) and every family member (read in the script, atomically)
-        are put in the index due for a look now; with ``rescore`` every lane is (the index is
-        rebuilt from nothing), else only those missing. False if this beat no longer holds
-        the lock."""
+        ``lanes`` (the declared lanes) and every family member are put in the index due for a
+        look now; with ``rescore`` every lane is (the index is rebuilt from nothing), else
+        only those missing. The members a page a call (``heal_page.lua``: each page read and
+        indexed atomically), so no call costs more than a page however large a family is.
+        False if this beat no longer holds the lock.
+
+        The index is stamped by the first call, before the members are back: nothing reads
+        it in between (this beat's tick waits for this), and a beat that stops halfway leaves
+        members missing only until the next heal - the next beat's first (every taking over
+        heals), or this one's next tick (its heal did not complete, so it heals again)."""
         k = self.keys
-        families = self.family_names()
-        done = self._heal(keys=[k.beat_lock, k.due, k.changed, k.due_stamp, k.changed_stamp,
-                                *(k.family(f) for f in families)],
-                          args=[beat_token, STAMP_MEMBER, "1" if rescore else "0",
-                                len(families), *families, *lanes])
-        return int(done) == 1
+        done = self._heal(keys=[k.beat_lock, k.due, k.changed, k.due_stamp, k.changed_stamp],
+                          args=[beat_token, STAMP_MEMBER, "1" if rescore else "0", *lanes])
+        if int(done) != 1:
+            return False
+        self.heal_pages = [len(lanes)]
+        for family in self.family_names():
+            cursor = "0"
+            while True:
+                page = self._heal_page(keys=[k.beat_lock, k.due, k.family(family)],
+                                       args=[beat_token, family, cursor, self.read_page,
+                                             "1" if rescore else "0"])
+                if int(page[0]) != 1:
+                    return False
+                cursor = str(page[1])
+                self.heal_pages.append(int(page[2]))
+                if cursor == "0":
+                    break
+        return True
 
     def collect_script_garbage(self) -> tuple[float, float] | None:
         """Have Redis collect its Lua heap's garbage now (``lua_gc.lua``): after a full read,

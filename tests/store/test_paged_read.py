@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 import redis
 
+from schedproj.core.families import member_lane
 from schedproj.core.records import RunRecord, SchedRecord, encode
+from schedproj.store.families import FamilyStore
 from schedproj.store.lane_store import LaneStore, Snapshot
 from schedproj.store.protocol import (
     ENTRIES_CHANGED_MEMBER,
@@ -202,3 +204,45 @@ def test_a_beat_that_stops_mid_read_loses_no_changed_mark(client: redis.Redis,
     assert snap.entries_changed
     assert client.exists(keys.changed_reading) == 0
 
+
+@pytest.mark.parametrize("rescore", [True, False])
+def test_a_heal_puts_a_family_back_a_page_a_call_and_never_a_member_removed_meanwhile(
+        client: redis.Redis, keys: Keys, rescore: bool) -> None:
+    family = FamilyStore(client, keys)
+    members = [f"m{i:04d}" for i in range(10 * PAGE)]
+    family.add("fam", members)
+    client.zadd(keys.due, {member_lane("fam", m): 500.0 for m in members})
+    client.zrem(keys.due, *[member_lane("fam", m) for m in members[::7]])  # lost from the index
+    store = LaneStore(client, keys, read_page=PAGE)
+    beat = token()
+    assert store.tick_snapshot(beat, TTL, 0.0, cursor=None, now=time.time()).lock.held
+    removed: list[str] = []
+
+    def meanwhile(n: int) -> None:
+        if n == 3:
+            gone = [m for m in members if client.zscore(keys.due, member_lane("fam", m))
+                    is not None][-5:]
+            family.remove("fam", gone)
+            removed.extend(gone)
+            family.add("fam", ["late"])
+
+    page = store._heal_page
+
+    def paging(**kwargs: Any) -> Any:
+        meanwhile(len(store.heal_pages))
+        return page(**kwargs)
+
+    store._heal_page = paging
+    assert store.heal_derived(beat, ["declared"], rescore=rescore)
+    assert len(store.heal_pages) >= 8 and at_most_a_page(store.heal_pages[1:]), \
+        store.heal_pages
+    index = dict(client.zrange(keys.due, 0, -1, withscores=True))
+    kept = {member_lane("fam", m) for m in members if m not in removed}
+    assert kept | {member_lane("fam", "late"), "declared"} <= index.keys()
+    assert not {member_lane("fam", m) for m in removed} & index.keys()
+    expected = {lane: (0.0 if rescore or i % 7 == 0 else 500.0)
+                for i, lane in enumerate(member_lane("fam", m) for m in members)
+                if lane in kept}
+    assert {lane: index[lane] for lane in expected} == expected
+    # The stamps agree: the next read finds nothing broken.
+    assert store.tick_snapshot(beat, TTL, 0.0, cursor=None, now=time.time()).broken == {}

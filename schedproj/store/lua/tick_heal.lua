@@ -1,13 +1,13 @@
 -- Rebuild the derived keys beat keeps beside the lane records: the due index and the changed
 -- set (see tick_read.lua for how a broken one is detected). Only for the beat holding the lock.
+-- The families' members are put in the index after this, a page a call (heal_page.lua): this
+-- call's cost is the declared lanes', whatever the families hold.
 -- KEYS[1] beat lock, KEYS[2] due index, KEYS[3] changed set, KEYS[4] due stamp,
--- KEYS[5] changed stamp, KEYS[6...] the member sets of the families in ARGV[5...].
+-- KEYS[5] changed stamp
 -- ARGV[1] beat token, ARGV[2] stamp member, ARGV[3] '1': every lane is due for a look now (the
 -- index is rebuilt from nothing: beat re-reads every record and writes each lane's next look)
 -- or '0': lanes missing from the index are added due now, the others keep their scores;
--- ARGV[4] n, the number of families, ARGV[5 .. 4+n] their names, then the declared lanes.
--- Members are read here, atomically with the rebuild, so a member removed meanwhile is never
--- indexed again (a member's lane is ``family[key]``, as ``core.families.member_lane``).
+-- ARGV[4...] the declared lanes.
 -- A key of the wrong type is deleted first. Returns -1 if not the holder, else 1.
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
 local STAMP = ARGV[2]
@@ -25,14 +25,7 @@ keep_if(KEYS[2], 'zset'); keep_if(KEYS[3], 'set')
 sane_counter(KEYS[4]); sane_counter(KEYS[5])
 if ARGV[3] == '1' then redis.call('DEL', KEYS[2]) end
 local lanes = {}
-local families = tonumber(ARGV[4])
-for i = 1, families do
-  local ok, keys = pcall(redis.call, 'SMEMBERS', KEYS[5 + i])
-  if ok then
-    for _, key in ipairs(keys) do lanes[#lanes + 1] = ARGV[4 + i] .. '[' .. key .. ']' end
-  end
-end
-for i = 5 + families, #ARGV do lanes[#lanes + 1] = ARGV[i] end
+for i = 4, #ARGV do lanes[#lanes + 1] = ARGV[i] end
 local step = 1000
 for i = 1, #lanes, step do
   local args = {'ZADD', KEYS[2]}
