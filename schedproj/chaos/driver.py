@@ -87,11 +87,13 @@ def run_chaos(duration_s: float = 60.0, heavy_workers: int = 3, fault_every_s: f
             exits = [c.name for c in scene.fleet.children if c.role != "beat"
                      and not c.alive() and c.popen.pid not in scene.figures.killed]
         finally:
+            stopping = time.time()
             scene.fleet.stop()
             ended = time.time()
             if logs_to is not None:
                 keep_logs(scene.fleet, logs_to)
-        report = collect(scene.audit_redis, scene.figures, started, ended, members=members)
+        report = collect(scene.audit_redis, scene.figures, started, ended, members=members,
+                         stopping=stopping)
         if dump_to is not None:
             dump(scene.audit_redis, scene.figures, dump_to)
         return {**report, **run_figures(scene.figures, exits, sentinel, min_faults or {}),

@@ -70,7 +70,13 @@ def run_figures(figures: Figures, exits: list[str], sentinel: bool,
 
 
 def collect(audit_redis: RedisServer, figures: Figures, started: float,
-            ended: float, members: int = 0) -> dict[str, Any]:
+            ended: float, members: int = 0, *, stopping: float) -> dict[str, Any]:
+    """Audit the run from 15 s after ``started`` (the fleet settling) to ``stopping``, when
+    the driver began stopping the fleet: from then on no beat or worker is left to keep a
+    promise (stopping a fleet takes seconds, more with a heavy run to finish), so a due time
+    or a lane's bound falling after it is not the scheduler's to meet. ``ended``: when the
+    fleet was down."""
+    window = (started + 15, stopping)
     client = redis.Redis.from_url(audit_redis.url, decode_responses=True)
     entries = journal(audit_redis)
     dispatches = [json.loads(x) for x in client.lrange(Keys(PREFIX).dispatch_log, 0, -1)]
@@ -79,12 +85,12 @@ def collect(audit_redis: RedisServer, figures: Figures, started: float,
                    for began, kind, ended in figures.log]
     slot_ledgers = pool_ledgers(client)
     report = audit(entries, dispatches, due_bounds_s=due_bounds(members),
-                   window=(started + 15, ended - 2), ledger=ledger.entries(),
+                   window=window, ledger=ledger.entries(),
                    disruptions=disruptions,
                    slot_ledgers={slot: led.entries() for slot, led in slot_ledgers.items()})
     beat_entries = audit_schedule_entries(client, disruptions=[
         (began, kind, done + RECOVERY_AFTER_S.get(kind, 0.0))
-        for began, kind, done in figures.log], window=(started + 15, ended - 2))
+        for began, kind, done in figures.log], window=window)
     os_overlaps = [json.loads(x) for x in client.lrange(overlaps_key(PREFIX), 0, -1)]
     paused = set(figures.paused_fences) | set(figures.paused_pool_fences)
     after_pause = [o for o in os_overlaps if (o.get("holder") or {}).get("fence") in paused]

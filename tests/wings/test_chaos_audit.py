@@ -2,9 +2,25 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from typing import Any
 
-from schedproj.chaos.audit import FencedLedger, audit, audit_entries, runs_from_journal
+import redis
+
+from schedproj.chaos.audit import (
+    ENTRY_INTERVALS,
+    ENTRY_MINUTELY,
+    FencedLedger,
+    audit,
+    audit_entries,
+    entry_runs_key,
+    entry_sends_key,
+    runs_from_journal,
+)
+from schedproj.chaos.faults import Figures
+from schedproj.chaos.processes import PREFIX
+from schedproj.chaos.report import collect
 
 
 def start(task: str, fence: int, t: float, lane: str = "h") -> dict:
@@ -318,3 +334,39 @@ def test_a_message_published_while_the_broker_restarts_went_with_it() -> None:
     runs = [ran("e", s["task"], s["t"] + 0.1) for s in sends if s["task"] != "e2"]
     report = entry_audit(sends, runs, faults=[(4.0, "restart", 5.5)])
     assert report.undelivered == [] and report.lost_with_broker == ["e2"]
+
+
+@dataclass
+class AuditRedis:
+    """Where the chaos audit Redis is (``collect`` reads only its ``url``): here, the tests'."""
+
+    url: str
+
+
+def test_the_run_is_audited_until_the_driver_began_stopping_the_fleet(
+        redis_client: redis.Redis, redis_url: str) -> None:
+    """The entries were sent on time until the driver began stopping the fleet at 1080; the
+    fleet took 6 s to stop (a heavy run finishing). The minute 1080 and the intervals due
+    while it stopped are nobody's to send: not missed. Had the fleet run on unsent until
+    then, they would be."""
+    for key in redis_client.scan_iter(f"{PREFIX}:*"):
+        redis_client.delete(key)
+    sends = [{"entry": name, "task": f"{name}-{i}", "at": t, "count": i + 1, "t": t + 0.01}
+             for name, every in ENTRY_INTERVALS.items()
+             for i, t in enumerate(1000.2 + every * k for k in range(int(79 // every) + 1))]
+    sends.append({"entry": ENTRY_MINUTELY, "task": "m-0", "at": 1020.1, "count": 1,
+                  "t": 1020.11})
+    for s in sends:
+        redis_client.rpush(entry_sends_key(PREFIX), json.dumps(s))
+        redis_client.rpush(entry_runs_key(PREFIX), json.dumps(
+            {"entry": s["entry"], "task": s["task"], "t": s["t"] + 0.1}))
+    try:
+        report = collect(AuditRedis(redis_url), Figures(), 1000.0, 1086.0, stopping=1080.0)
+        assert report["entry_sends"] == len(sends) and report["entry_runs"] == len(sends)
+        assert report["entry_missed"] == 0, report["details"]["entries"]
+        ran_on = collect(AuditRedis(redis_url), Figures(), 1000.0, 1086.0, stopping=1086.0)
+        missed = ran_on["details"]["entries"]["missed"]
+        assert {m[0] for m in missed} == {*ENTRY_INTERVALS, ENTRY_MINUTELY}, missed
+    finally:
+        for key in redis_client.scan_iter(f"{PREFIX}:*"):
+            redis_client.delete(key)
