@@ -272,7 +272,8 @@ def test_hard_time_limit_releases_lease_and_records_failure(
     # killed outright, LaneTask.on_failure records TimeLimitExceeded from the main process.
     assert any(k in record["last_reason"] for k in ("TimeLimitExceeded", "SystemExit"))
     assert "Hard time limit" in c.procs[0].text()
-    assert record["failures"] == 1 and record["running_task_id"] is None
+    # (A cleared in-flight mark is left out of the record since f22a769: absent reads null.)
+    assert record["failures"] == 1 and record.get("running_task_id") is None
 
 
 def test_gated_lane_runs_right_after_its_blocker_finishes(
