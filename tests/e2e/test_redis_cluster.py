@@ -551,3 +551,28 @@ def test_killed_heavy_worker_frees_the_lease_on_a_cluster(
     finally:
         procs.stop_all()
     assert starts(state)[1]["fence"] > first["fence"]
+
+
+def test_a_read_and_a_heal_by_pages_run_on_a_cluster(shared_cluster: LoopbackCluster) -> None:
+    """The paged scripts (tick_page.lua, heal_page.lua) take every key from KEYS: on a
+    cluster the pages read what one call reads, and a heal by pages leaves stamps that agree."""
+    from schedproj.store.families import FamilyStore
+    from tests.store.test_paged_read import PAGE, at_most_a_page, comparable, lay_out
+
+    client = connect(shared_cluster.url)
+    now = time.time()
+    laid = [Keys(cluster_key_prefix(f"p-{uuid.uuid4().hex[:8]}")) for _ in range(2)]
+    for keys in laid:
+        assert LaneStore(client, keys).declare_fresh()
+        lay_out(client, keys, now)
+    whole, paged = LaneStore(client, laid[0]), LaneStore(client, laid[1], read_page=PAGE)
+    beat = uuid.uuid4().hex
+    one = whole.tick_snapshot(beat, 30.0, 0.0, cursor=None, now=now)
+    by_pages = paged.tick_snapshot(beat, 30.0, 0.0, cursor=None, now=now)
+    assert len(paged.read_pages) >= 4 and at_most_a_page(paged.read_pages)
+    assert comparable(by_pages, laid[1]) == comparable(one, laid[0])
+    FamilyStore(client, laid[1]).add("fam", [f"m{i}" for i in range(3 * PAGE)])
+    assert paged.heal_derived(beat, [], rescore=True)
+    assert len(paged.heal_pages) >= 3 and at_most_a_page(paged.heal_pages[1:])
+    healed = paged.tick_snapshot(beat, 30.0, 0.0, cursor=None, now=now)
+    assert healed.broken == {} and {f"fam[m{i}]" for i in range(3 * PAGE)} <= set(healed.looked)
