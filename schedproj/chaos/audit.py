@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -426,7 +427,8 @@ def audit_entries(sends: Iterable[Mapping[str, Any]], runs: Iterable[Mapping[str
                   window: tuple[float, float], slack_s: float,
                   faults: Iterable[tuple[float, str, float]], state_losses: Iterable[str],
                   broker_losses: Iterable[str], beat_kills: Iterable[str],
-                  deliver_s: float) -> EntryAudit:
+                  deliver_s: float,
+                  final_states: Mapping[str, tuple[float, int]] = {}) -> EntryAudit:
     """Check that each entry due time was sent once, from what beat published
     (:func:`entry_sends_key`: entry, task id, the claimed due time and count) and what the
     workers ran (:func:`entry_runs_key`).
@@ -446,7 +448,10 @@ def audit_entries(sends: Iterable[Mapping[str, Any]], runs: Iterable[Mapping[str
       state that was lost counts from when beat saw the loss);
     * the claims' counts go up one at a time (or start again at 1 after a state loss): a
       count skipped is a claim never published, allowed only across a beat killed (a
-      ``beat_kills`` kind: killed between the claim and the publish);
+      ``beat_kills`` kind: killed between the claim and the publish). ``final_states`` (by
+      entry: ``last_run_at`` and count as read when the fleet began to stop, the window's
+      end) tells of the last claims, which no later claim follows: a count above the last
+      published one is as many claims never published (the fleet's stop kills beat too);
     * every published message runs once, unless a broker restart (a ``broker_losses`` kind)
       was under way within ``deliver_s`` after it was published: the message went with it.
     """
@@ -475,6 +480,8 @@ def audit_entries(sends: Iterable[Mapping[str, Any]], runs: Iterable[Mapping[str
     for name in {c.entry for c in claims} | set(intervals) | set(minutely):
         mine = [c for c in claims if c.entry == name]
         hidden = _entry_counts(name, mine, unlogged, kills, report)
+        if name in final_states:
+            _last_claims(name, mine, final_states[name], unlogged, kills, hi, hidden, report)
         if name in intervals:
             _interval_entry(name, intervals[name], mine, window, slack_s, spans, lossy,
                             faults, hidden, report)
@@ -538,8 +545,8 @@ def _minutely_entry(name: str, mine: list[Claim], window: tuple[float, float], s
         if claimed:
             first = claimed[0].at
         else:
-            before = max((at for at in claimed_ats if at < minute), default=None)
-            if before is not None and unrecorded.get(before, 0) > 0:
+            before = max((at for at in claimed_ats if at < minute), default=-math.inf)
+            if unrecorded.get(before, 0) > 0:
                 unrecorded[before] -= 1  # already counted by _entry_counts
                 continue
             if any(began <= minute <= until for began, until in lossy):
@@ -585,3 +592,31 @@ def _entry_counts(name: str, mine: list[Claim], unlogged: list[Mapping[str, Any]
         if allowed:
             hidden[a.at] = hidden.get(a.at, 0) + allowed
     return hidden
+
+
+def _last_claims(name: str, mine: list[Claim], final: tuple[float, int],
+                 unlogged: list[Mapping[str, Any]], kills: list[float], stop: float,
+                 hidden: dict[float, int], report: EntryAudit) -> None:
+    """The claims after the last published one, told by the state at the end (``final``:
+    ``last_run_at`` and count): each count above the last published one (0 before the first:
+    a fresh state) is a claim never published, unless its message ran unlogged; allowed
+    only with a beat killed since the last published claim, or the newest claim made just
+    before the fleet's ``stop`` (which kills beat too). A state lost since, or rolled back,
+    counts no higher and tells nothing. Adds them to ``hidden`` (as :func:`_entry_counts`
+    does) under the last published claim's due time (``-inf`` before the first)."""
+    known = [c for c in sorted(mine, key=lambda c: c.sent) if c.count is not None]
+    last = known[-1] if known else None
+    at, count = final
+    base = last.count if last is not None and last.count is not None else 0
+    since = last.sent if last is not None else -math.inf
+    if count <= base or (last is not None and at <= last.at):
+        return
+    quiet = sum(1 for r in unlogged if str(r["entry"]) == name and float(r["t"]) > since)
+    killed = any(k >= since for k in kills) or stop - at <= CLAIM_LAG_S
+    allowed = min(quiet, count - base)
+    for missing in range(base + 1 + quiet, count + 1):
+        (report.unsent_at_beat_kill if killed else report.unsent).append((name, missing))
+        allowed += killed
+    if allowed:
+        key = last.at if last is not None else -math.inf
+        hidden[key] = hidden.get(key, 0) + allowed

@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+import redis
+
 from schedproj.chaos.audit import FAMILY_MEMBERS_ENV
 from schedproj.chaos.faults import (
     ACTIONS,
@@ -39,6 +41,8 @@ from schedproj.chaos.faults import (
 )
 from schedproj.chaos.processes import PREFIX, Fleet, chaos_env
 from schedproj.chaos.report import collect, dump, run_figures
+from schedproj.core.entries import EntryState
+from schedproj.core.errors import StateError
 from schedproj.devtools.processes import wait_until
 from schedproj.devtools.redis_server import RedisServer
 from schedproj.devtools.sentinel import SentinelSet
@@ -87,17 +91,34 @@ def run_chaos(duration_s: float = 60.0, heavy_workers: int = 3, fault_every_s: f
             exits = [c.name for c in scene.fleet.children if c.role != "beat"
                      and not c.alive() and c.popen.pid not in scene.figures.killed]
         finally:
+            last_states = entry_states(scene)
             stopping = time.time()
             scene.fleet.stop()
             ended = time.time()
             if logs_to is not None:
                 keep_logs(scene.fleet, logs_to)
         report = collect(scene.audit_redis, scene.figures, started, ended, members=members,
-                         stopping=stopping)
+                         stopping=stopping, entry_states=last_states)
         if dump_to is not None:
             dump(scene.audit_redis, scene.figures, dump_to)
         return {**report, **run_figures(scene.figures, exits, sentinel, min_faults or {}),
                 "details": {**report["details"], "worker_exits": exits}}
+
+
+def entry_states(sc: Scene) -> dict[str, tuple[float, int]]:
+    """Each schedule entry's stored ``last_run_at`` and run count, read as the fleet is about
+    to stop: the entry audit's word on the last claims, which no later claim follows (none
+    when Redis cannot say, as while it fails over)."""
+    try:
+        stored = sc.state_client().hgetall(Keys(PREFIX).entries)
+    except redis.RedisError:
+        return {}
+    states = {}
+    for name, raw in stored.items():
+        with contextlib.suppress(StateError):
+            state = EntryState.decode(str(raw), str(name))
+            states[str(name)] = (state.last_run_at, state.total_run_count)
+    return states
 
 
 def keep_logs(fleet: Fleet, to: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -70,12 +71,14 @@ def run_figures(figures: Figures, exits: list[str], sentinel: bool,
 
 
 def collect(audit_redis: RedisServer, figures: Figures, started: float,
-            ended: float, members: int = 0, *, stopping: float) -> dict[str, Any]:
+            ended: float, members: int = 0, *, stopping: float,
+            entry_states: Mapping[str, tuple[float, int]] | None = None) -> dict[str, Any]:
     """Audit the run from 15 s after ``started`` (the fleet settling) to ``stopping``, when
     the driver began stopping the fleet: from then on no beat or worker is left to keep a
     promise (stopping a fleet takes seconds, more with a heavy run to finish), so a due time
     or a lane's bound falling after it is not the scheduler's to meet. ``ended``: when the
-    fleet was down."""
+    fleet was down; ``entry_states``: the entries' stored ``last_run_at`` and count read
+    just before ``stopping`` (:func:`audit_entries`' ``final_states``)."""
     window = (started + 15, stopping)
     client = redis.Redis.from_url(audit_redis.url, decode_responses=True)
     entries = journal(audit_redis)
@@ -90,7 +93,7 @@ def collect(audit_redis: RedisServer, figures: Figures, started: float,
                    slot_ledgers={slot: led.entries() for slot, led in slot_ledgers.items()})
     beat_entries = audit_schedule_entries(client, disruptions=[
         (began, kind, done + RECOVERY_AFTER_S.get(kind, 0.0))
-        for began, kind, done in figures.log], window=window)
+        for began, kind, done in figures.log], window=window, final_states=entry_states or {})
     os_overlaps = [json.loads(x) for x in client.lrange(overlaps_key(PREFIX), 0, -1)]
     paused = set(figures.paused_fences) | set(figures.paused_pool_fences)
     after_pause = [o for o in os_overlaps if (o.get("holder") or {}).get("fence") in paused]
@@ -158,7 +161,8 @@ def pool_figures(entries: list[dict[str, Any]],
 
 
 def audit_schedule_entries(client: redis.Redis, disruptions: list[tuple[float, str, float]],
-                           window: tuple[float, float]) -> EntryAudit:
+                           window: tuple[float, float],
+                           final_states: Mapping[str, tuple[float, int]]) -> EntryAudit:
     """The beat_schedule entries' audit (:func:`audit_entries`) on what beat published and the
     light worker ran."""
     return audit_entries(
@@ -166,7 +170,8 @@ def audit_schedule_entries(client: redis.Redis, disruptions: list[tuple[float, s
         [json.loads(x) for x in client.lrange(entry_runs_key(PREFIX), 0, -1)],
         intervals=ENTRY_INTERVALS, minutely=(ENTRY_MINUTELY,), window=window,
         slack_s=ENTRY_SLACK_S, faults=disruptions, state_losses=(*STATE_LOSSES, FAILOVER),
-        broker_losses=STATE_LOSSES, beat_kills=BEAT_KILLS, deliver_s=ENTRY_DELIVER_S)
+        broker_losses=STATE_LOSSES, beat_kills=BEAT_KILLS, deliver_s=ENTRY_DELIVER_S,
+        final_states=final_states)
 
 
 def entry_details(entries: EntryAudit) -> dict[str, Any]:

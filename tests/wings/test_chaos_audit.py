@@ -308,6 +308,37 @@ def test_a_due_time_whose_claim_died_with_beat_is_accounted_for_not_missed() -> 
     assert every.missed == [] and every.unsent_at_beat_kill == [("e", 3)]
 
 
+def test_the_state_at_the_end_tells_of_a_last_claim_never_published() -> None:
+    """No later claim shows the count skipped when the beat killed between a claim and its
+    publish made the last claim of the run (the short run sees one or two minutes): the
+    entry's state read as the fleet stops does (claimed at 120.02, count 2). Killed just
+    after: accounted for, not missed. No beat killed: a claim never sent, and the minute
+    missed. A state lost since (count back at 0) or as the last claim left it tells nothing."""
+    window = (0.0, 150.0)
+    sends = [sent("m", "m1", 60.2, 1)]
+
+    def audited(final: dict, faults: list = ()) -> Any:
+        return audit_entries(sends, [ran("m", "m1", 60.4)], intervals={}, minutely=("m",),
+                             window=window, slack_s=0.5, faults=faults,
+                             state_losses=("restart",), broker_losses=("restart",),
+                             beat_kills=("kill-beat",), deliver_s=5.0, final_states=final)
+
+    killed = audited({"m": (120.02, 2)}, faults=[(120.03, "kill-beat", 123.0)])
+    assert killed.missed == [] and killed.unsent_at_beat_kill == [("m", 2)]
+    assert killed.violations == 0
+    unkilled = audited({"m": (120.02, 2)})
+    assert unkilled.unsent == [("m", 2)] and [m[:2] for m in unkilled.missed] == [("m", 120.0)]
+    for told_nothing in ({"m": (60.2, 1)}, {"m": (125.0, 0)}, {}):
+        report = audited(told_nothing, faults=[(120.03, "kill-beat", 123.0)])
+        assert report.unsent_at_beat_kill == [] and report.missed, told_nothing
+    # The run's first claim: the count it skipped is counted from the fresh state's 0.
+    first = audit_entries([], [], intervals={}, minutely=("m",), window=(60.0, 150.0),
+                          slack_s=0.5, faults=[(120.03, "kill-beat", 123.0)],
+                          state_losses=(), broker_losses=(), beat_kills=("kill-beat",),
+                          deliver_s=5.0, final_states={"m": (120.02, 1)})
+    assert first.missed == [] and first.unsent_at_beat_kill == [("m", 1)]
+
+
 def test_a_count_going_back_reads_a_state_older_than_the_last_claim() -> None:
     report = entry_audit(every_2s(0.5, 2.6, 4.7, 6.8, 8.9, counts=[1, 2, 3, 3, 4]))
     assert report.count_rollbacks == [("e", 3, 3)]
