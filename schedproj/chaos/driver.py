@@ -40,7 +40,13 @@ from schedproj.chaos.faults import (
     fault_kinds,
 )
 from schedproj.chaos.processes import PREFIX, Fleet, chaos_env
-from schedproj.chaos.report import collect, dump, run_figures
+from schedproj.chaos.report import (
+    ENTRY_DELIVER_S,
+    awaiting_delivery,
+    collect,
+    dump,
+    run_figures,
+)
 from schedproj.core.entries import EntryState
 from schedproj.core.errors import StateError
 from schedproj.devtools.processes import wait_until
@@ -91,8 +97,15 @@ def run_chaos(duration_s: float = 60.0, heavy_workers: int = 3, fault_every_s: f
             exits = [c.name for c in scene.fleet.children if c.role != "beat"
                      and not c.alive() and c.popen.pid not in scene.figures.killed]
         finally:
-            last_states = entry_states(scene)
+            # Beats first, then the entry messages they published lately are given their
+            # delivery time (the audit judges every published message run or lost), then
+            # the workers. The entries' state is read once no beat can claim.
             stopping = time.time()
+            scene.fleet.stop_beats()
+            last_states = entry_states(scene)
+            wait_until(lambda: not awaiting_delivery(scene.audit_redis.client(),
+                                                     stopping - ENTRY_DELIVER_S),
+                       ENTRY_DELIVER_S, poll_s=POLL_S)
             scene.fleet.stop()
             ended = time.time()
             if logs_to is not None:

@@ -90,5 +90,9 @@ class Fleet:
             return None
         return next((c for c in self.live(role) if c.popen.pid == group), None)
 
+    def stop_beats(self) -> None:
+        """Stop the beats (SIGTERM, then SIGKILL after a while): nothing is sent any more."""
+        stop_all(list(self.live("beat")), timeout_s=15)
+
     def stop(self) -> None:
         stop_all(list(self.children), timeout_s=15)

@@ -174,6 +174,15 @@ def audit_schedule_entries(client: redis.Redis, disruptions: list[tuple[float, s
         final_states=final_states)
 
 
+def awaiting_delivery(client: redis.Redis, since: float) -> list[str]:
+    """The entry messages beat published after ``since`` that no worker has run yet (task
+    ids): what the light worker is still owed before the fleet stops (the driver waits for
+    them, at most :data:`ENTRY_DELIVER_S`)."""
+    ran = {json.loads(x)["task"] for x in client.lrange(entry_runs_key(PREFIX), 0, -1)}
+    return [s["task"] for s in map(json.loads, client.lrange(entry_sends_key(PREFIX), 0, -1))
+            if float(s["t"]) > since and s["task"] not in ran]
+
+
 def entry_details(entries: EntryAudit) -> dict[str, Any]:
     return {"duplicate_runs": entries.duplicate_runs, "duplicate_due": entries.duplicate_due,
             "missed": entries.missed, "unsent": entries.unsent,

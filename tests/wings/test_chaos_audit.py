@@ -20,7 +20,7 @@ from schedproj.chaos.audit import (
 )
 from schedproj.chaos.faults import Figures
 from schedproj.chaos.processes import PREFIX
-from schedproj.chaos.report import collect
+from schedproj.chaos.report import awaiting_delivery, collect
 
 
 def start(task: str, fence: int, t: float, lane: str = "h") -> dict:
@@ -398,6 +398,29 @@ def test_the_run_is_audited_until_the_driver_began_stopping_the_fleet(
         ran_on = collect(AuditRedis(redis_url), Figures(), 1000.0, 1086.0, stopping=1086.0)
         missed = ran_on["details"]["entries"]["missed"]
         assert {m[0] for m in missed} == {*ENTRY_INTERVALS, ENTRY_MINUTELY}, missed
+    finally:
+        for key in redis_client.scan_iter(f"{PREFIX}:*"):
+            redis_client.delete(key)
+
+
+def test_the_messages_the_light_worker_still_owes_as_the_fleet_stops(
+        redis_client: redis.Redis) -> None:
+    """Beat stopped at 100: of the entry messages it published in the delivery time before,
+    those not run yet are awaited before the workers stop (one published long before and
+    never run is the audit's to judge, not waited for)."""
+    for key in redis_client.scan_iter(f"{PREFIX}:*"):
+        redis_client.delete(key)
+    try:
+        for task, t in (("old", 80.0), ("done", 99.0), ("owed", 99.9)):
+            redis_client.rpush(entry_sends_key(PREFIX), json.dumps(
+                {"entry": "e", "task": task, "t": t, "at": t, "count": 1}))
+        redis_client.rpush(entry_runs_key(PREFIX), json.dumps(
+            {"entry": "e", "task": "done", "t": 99.1}))
+        assert awaiting_delivery(redis_client, 90.0) == ["owed"]
+        redis_client.rpush(entry_runs_key(PREFIX), json.dumps(
+            {"entry": "e", "task": "owed", "t": 100.5}))
+        assert awaiting_delivery(redis_client, 90.0) == []
+        assert awaiting_delivery(redis_client, 0.0) == ["old"]
     finally:
         for key in redis_client.scan_iter(f"{PREFIX}:*"):
             redis_client.delete(key)
