@@ -449,9 +449,10 @@ def audit_entries(sends: Iterable[Mapping[str, Any]], runs: Iterable[Mapping[str
     * the claims' counts go up one at a time (or start again at 1 after a state loss): a
       count skipped is a claim never published, allowed only across a beat killed (a
       ``beat_kills`` kind: killed between the claim and the publish). ``final_states`` (by
-      entry: ``last_run_at`` and count as read when the fleet began to stop, the window's
-      end) tells of the last claims, which no later claim follows: a count above the last
-      published one is as many claims never published (the fleet's stop kills beat too);
+      entry: ``last_run_at`` and count as read once the beats stopped; the window ends when
+      they were told to) tells of the last claims, which no later claim follows: a count
+      above the last published one is as many claims never published (the fleet's stop
+      kills beat too);
     * every published message runs once, unless a broker restart (a ``broker_losses`` kind)
       was under way within ``deliver_s`` after it was published: the message went with it.
     """

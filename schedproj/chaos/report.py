@@ -78,7 +78,7 @@ def collect(audit_redis: RedisServer, figures: Figures, started: float,
     promise (stopping a fleet takes seconds, more with a heavy run to finish), so a due time
     or a lane's bound falling after it is not the scheduler's to meet. ``ended``: when the
     fleet was down; ``entry_states``: the entries' stored ``last_run_at`` and count read
-    just before ``stopping`` (:func:`audit_entries`' ``final_states``)."""
+    once the beats stopped (:func:`audit_entries`' ``final_states``)."""
     window = (started + 15, stopping)
     client = redis.Redis.from_url(audit_redis.url, decode_responses=True)
     entries = journal(audit_redis)
