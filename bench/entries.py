@@ -82,7 +82,7 @@ INTERVAL_STEP_S = 7919
 #: FairScheduler's key prefix here.
 FAIR_PREFIX = "ent-fair"
 #: A start-up that has not judged every entry after this many ticks is a failure.
-MAX_START_TICKS = 1000
+MAX_START_TICKS = 5000
 #: A start-up during which beat lost its lock this often has failed: every re-take of the
 #: lock indexes every entry for a look again, so it would go on the same way.
 MAX_LOCK_LOSSES = 3
@@ -143,9 +143,15 @@ def declare_fresh(client: redis.Redis) -> None:
     LaneStore(client, Keys(FAIR_PREFIX)).declare_fresh()
 
 
-def unjudged(client: redis.Redis, since: float) -> int:
-    """Entries whose next look is at or before ``since``: not yet judged by this beat."""
-    return int(client.zcount(Keys(FAIR_PREFIX).entries_due, "-inf", since))
+def unjudged(client: redis.Redis, sched: Any) -> int:
+    """Entries not yet judged by this beat: those whose next look has come (none of this
+    schedule falls due during a start: a judged entry looks again 20 minutes on or later), or
+    every one while its take-over's pass (index, states, listing: a page a tick) is under way.
+    Counting those looked at before the beat was built, as before, found a take-over that put
+    every entry's look at its own start judged, though none was."""
+    if not sched.active or getattr(sched.engine.entries, "passing", False):
+        return -1
+    return int(client.zcount(Keys(FAIR_PREFIX).entries_due, "-inf", time.time()))
 
 
 def fair_start(app: Celery, client: redis.Redis) -> tuple[FairScheduler, list[int],
@@ -153,7 +159,6 @@ def fair_start(app: Celery, client: redis.Redis) -> tuple[FairScheduler, list[in
     """A FairScheduler built and ticked, sleeping as beat would between ticks, until every
     entry has been judged once. The check after each tick is not counted. A start-up that
     lost the beat lock :data:`MAX_LOCK_LOSSES` times is given up (``completed`` false)."""
-    since = time.time()
     checks_s, check_rts = 0.0, 0
     tick_s: list[float] = []
     slept = 0.0
@@ -170,7 +175,7 @@ def fair_start(app: Celery, client: redis.Redis) -> tuple[FairScheduler, list[in
             lost += not sched.active
             with ROUND_TRIPS.measure() as check:
                 begin = time.perf_counter()
-                left = unjudged(client, since)
+                left = unjudged(client, sched)
                 checks_s += time.perf_counter() - begin
             check_rts += check[0]
             if left == 0 or lost >= MAX_LOCK_LOSSES:
