@@ -184,13 +184,13 @@ def test_a_beat_that_stops_mid_read_loses_no_changed_mark(client: redis.Redis,
     class Stopped(Exception):
         pass
 
+    meanwhile = [f"lane-{i:04d}" for i in range(3 * PAGE)]
+
     def stop(n: int, due: bool) -> None:
         if n == 2:
-            store_run("lane-0100")  # a mark made while it read: in the fresh changed set
+            # Marks made while it read, more than a page: in the fresh changed set.
+            LaneStore(client, keys).touch(meanwhile)
             raise Stopped
-
-    def store_run(lane: str) -> None:
-        LaneStore(client, keys).write_run(lane, RunRecord(runs=7))
 
     interleaved(stopping, stop)
     beat = token()
@@ -200,9 +200,16 @@ def test_a_beat_that_stops_mid_read_loses_no_changed_mark(client: redis.Redis,
     # The next read (the same beat after a restart, or another) reads every mark.
     again = LaneStore(client, keys, read_page=PAGE)
     snap = again.tick_snapshot(beat, TTL, 0.0, cursor=None, now=now)
-    assert marked | {"lane-0100"} <= snap.changed
-    assert snap.entries_changed
+    assert marked <= snap.changed and snap.entries_changed
+    assert at_most_a_page(again.read_pages), again.read_pages
     assert client.exists(keys.changed_reading) == 0
+    # The marks made meanwhile (a set too large for one call, left while the set kept aside
+    # was read): the read after.
+    later = again.tick_snapshot(beat, TTL, 0.0, cursor=now, now=now + 1)
+    assert set(meanwhile) <= snap.changed | later.changed
+    assert at_most_a_page(again.read_pages) and client.exists(keys.changed_reading) == 0
+    assert [m.startswith(STAMP_MEMBER) for m in client.smembers(keys.changed)] == [True]
+    assert "changed" not in str(later.broken)
 
 
 @pytest.mark.parametrize("rescore", [True, False])

@@ -18,7 +18,7 @@
 -- whose arguments more is): {changed cursor, due continuation...}. A changed set larger than
 -- a page is renamed to KEYS[10] (a fresh, stamped changed set takes what changes from now on)
 -- and scanned by pages; KEYS[10] is deleted only by the page that ends the read, so a beat
--- that stops mid-read loses no mark: the next read (by any beat) reads it with its own.
+-- that stops mid-read loses no mark: the next read (by any beat) reads it first.
 -- Due lanes beyond a page are read a page a call in index order.
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0} end
 local STAMP = ARGV[4]
@@ -36,14 +36,15 @@ else
   end
 end
 -- A read by pages a beat left unfinished (it stopped, or lost the lock): read again now.
+local changed, changed_cursor = {}, ''
 local leftover, reading_err = try('EXISTS', KEYS[10])
 if reading_err then leftover = 0 end
 if leftover == 1 and redis.call('TYPE', KEYS[10])['ok'] ~= 'set' then
   -- Garbage where marks were kept: they are lost, as if the changed set were (beat heals).
   redis.call('DEL', KEYS[10]); report(KEYS[3], 'stale'); leftover = 0
 end
+if leftover == 1 then changed_cursor = '0' end
 -- The changed set holds its generation's stamp member, else marks were lost.
-local changed, changed_cursor = {}, ''
 local size, changed_err = try('SCARD', KEYS[3])
 if changed_err then
   report(KEYS[3], 'wrong-type')
@@ -52,23 +53,21 @@ else
   local expect = STAMP .. ':' .. tostring(gen)
   local found = redis.call('SISMEMBER', KEYS[3], expect) == 1
   if not found then report(KEYS[3], 'stale') end
-  if leftover == 1 or size > PAGE + 2 then
-    -- Too large for one call (or a read left unfinished): kept aside and read by pages.
-    if size > 0 then
-      if leftover == 1 then
-        redis.call('SUNIONSTORE', KEYS[10], KEYS[10], KEYS[3]); redis.call('DEL', KEYS[3])
-      else
-        redis.call('RENAME', KEYS[3], KEYS[10])
-      end
-    end
-    changed_cursor = '0'
-  else
+  -- A set of at most a page is read and emptied here; a larger one is kept aside (renamed:
+  -- O(1)) and read by pages - unless a read left unfinished is kept aside already: that one
+  -- is read first, and this set stays for the next tick's read.
+  local consume = size <= PAGE + 2
+  local renamed = false
+  if leftover == 0 and not consume then
+    redis.call('RENAME', KEYS[3], KEYS[10]); renamed = true; changed_cursor = '0'
+  end
+  if consume then
     for _, m in ipairs(redis.call('SMEMBERS', KEYS[3])) do
       if string.sub(m, 1, #STAMP) ~= STAMP then changed[#changed + 1] = m end
     end
   end
   -- Emptied as read, and stamped afresh (a stale set is reported once: beat heals it).
-  if not found or #changed > 0 or changed_cursor ~= '' then
+  if renamed or (consume and (not found or #changed > 0)) then
     local next_gen = try('INCR', KEYS[9])
     redis.call('DEL', KEYS[3])
     if next_gen then redis.call('SADD', KEYS[3], STAMP .. ':' .. next_gen) end
