@@ -448,11 +448,8 @@ def audit_entries(sends: Iterable[Mapping[str, Any]], runs: Iterable[Mapping[str
       state that was lost counts from when beat saw the loss);
     * the claims' counts go up one at a time (or start again at 1 after a state loss): a
       count skipped is a claim never published, allowed only across a beat killed (a
-      ``beat_kills`` kind: killed between the claim and the publish). ``final_states`` (by
-      entry: ``last_run_at`` and count as read once the beats stopped; the window ends when
-      they were told to) tells of the last claims, which no later claim follows: a count
-      above the last published one is as many claims never published (the fleet's stop
-      kills beat too);
+      ``beat_kills`` kind: killed between the claim and the publish); ``final_states`` tells
+      of claims after the last published one (:func:`_last_claims`);
     * every published message runs once, unless a broker restart (a ``broker_losses`` kind)
       was under way within ``deliver_s`` after it was published: the message went with it.
     """
@@ -473,11 +470,7 @@ def audit_entries(sends: Iterable[Mapping[str, Any]], runs: Iterable[Mapping[str
     report.recorded_early.extend((c.entry, c.at, c.began) for c in claims
                                  if c.began is not None and c.began - c.at > CLAIM_LAG_S)
     hi = window[1]
-    for c in claims:
-        if c.task not in ran and c.sent <= hi:
-            gone = any(began <= c.sent + deliver_s and c.sent <= until
-                       for began, until in broker)
-            (report.lost_with_broker if gone else report.undelivered).append(c.task)
+    _deliveries([c for c in claims if c.sent <= hi], ran, broker, deliver_s, report)
     for name in {c.entry for c in claims} | set(intervals) | set(minutely):
         mine = [c for c in claims if c.entry == name]
         hidden = _entry_counts(name, mine, unlogged, kills, report)
@@ -489,6 +482,17 @@ def audit_entries(sends: Iterable[Mapping[str, Any]], runs: Iterable[Mapping[str
         elif name in set(minutely):
             _minutely_entry(name, mine, window, slack_s, spans, lossy, faults, hidden, report)
     return report
+
+
+def _deliveries(claims: list[Claim], ran: Counter[str], broker: list[tuple[float, float]],
+                deliver_s: float, report: EntryAudit) -> None:
+    """Each published message that never ran: gone with a broker restart under way within
+    ``deliver_s`` after its publish, else undelivered."""
+    for c in claims:
+        if c.task not in ran:
+            gone = any(began <= c.sent + deliver_s and c.sent <= until
+                       for began, until in broker)
+            (report.lost_with_broker if gone else report.undelivered).append(c.task)
 
 
 def _hidden_between(since: float, until: float, hidden: Mapping[float, int]) -> int:
@@ -599,7 +603,8 @@ def _last_claims(name: str, mine: list[Claim], final: tuple[float, int],
                  unlogged: list[Mapping[str, Any]], kills: list[float], stop: float,
                  hidden: dict[float, int], report: EntryAudit) -> None:
     """The claims after the last published one, told by the state at the end (``final``:
-    ``last_run_at`` and count): each count above the last published one (0 before the first:
+    ``last_run_at`` and count, read once the beats stopped; the window ends at ``stop``,
+    when they were told to): each count above the last published one (0 before the first:
     a fresh state) is a claim never published, unless its message ran unlogged; allowed
     only with a beat killed since the last published claim, or the newest claim made just
     before the fleet's ``stop`` (which kills beat too). A state lost since, or rolled back,

@@ -73,27 +73,21 @@ def run_figures(figures: Figures, exits: list[str], sentinel: bool,
 def collect(audit_redis: RedisServer, figures: Figures, started: float,
             ended: float, members: int = 0, *, stopping: float,
             entry_states: Mapping[str, tuple[float, int]] | None = None) -> dict[str, Any]:
-    """Audit the run from 15 s after ``started`` (the fleet settling) to ``stopping``, when
-    the driver began stopping the fleet: from then on no beat or worker is left to keep a
-    promise (stopping a fleet takes seconds, more with a heavy run to finish), so a due time
-    or a lane's bound falling after it is not the scheduler's to meet. ``ended``: when the
-    fleet was down; ``entry_states``: the entries' stored ``last_run_at`` and count read
-    once the beats stopped (:func:`audit_entries`' ``final_states``)."""
+    """Audit from 15 s after ``started`` (settling) to ``stopping``, when the driver began to
+    stop the fleet (it takes seconds); ``entry_states``: :func:`audit_entries`' final_states."""
     window = (started + 15, stopping)
     client = redis.Redis.from_url(audit_redis.url, decode_responses=True)
     entries = journal(audit_redis)
     dispatches = [json.loads(x) for x in client.lrange(Keys(PREFIX).dispatch_log, 0, -1)]
     ledger = FencedLedger(client, PREFIX)
-    disruptions = [(began, ended + RECOVERY_AFTER_S.get(kind, 0.0))
-                   for began, kind, ended in figures.log]
+    recovering = [(began, kind, done + RECOVERY_AFTER_S.get(kind, 0.0))
+                  for began, kind, done in figures.log]
     slot_ledgers = pool_ledgers(client)
-    report = audit(entries, dispatches, due_bounds_s=due_bounds(members),
-                   window=window, ledger=ledger.entries(),
-                   disruptions=disruptions,
+    report = audit(entries, dispatches, due_bounds_s=due_bounds(members), window=window,
+                   ledger=ledger.entries(), disruptions=[(b, u) for b, _, u in recovering],
                    slot_ledgers={slot: led.entries() for slot, led in slot_ledgers.items()})
-    beat_entries = audit_schedule_entries(client, disruptions=[
-        (began, kind, done + RECOVERY_AFTER_S.get(kind, 0.0))
-        for began, kind, done in figures.log], window=window, final_states=entry_states or {})
+    beat_entries = audit_schedule_entries(client, disruptions=recovering, window=window,
+                                          final_states=entry_states or {})
     os_overlaps = [json.loads(x) for x in client.lrange(overlaps_key(PREFIX), 0, -1)]
     paused = set(figures.paused_fences) | set(figures.paused_pool_fences)
     after_pause = [o for o in os_overlaps if (o.get("holder") or {}).get("fence") in paused]
