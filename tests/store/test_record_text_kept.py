@@ -2,7 +2,8 @@
 rest stays as Python wrote it. Redis's cjson keeps 14 significant digits, so a record decoded
 and re-encoded in Lua had every time cut to 10 ms (1796405433.989978 became 1796405433.99),
 integers past 14 digits rounded (2**52 + 1 became 4.5035996273705e+15) and integer-valued
-floats turned into integers. Checked: run_mark_skipped.lua (a refused message's outcome).
+floats turned into integers. Checked: run_mark_skipped.lua (a refused message's outcome),
+lease_acquire.lua (the grant) and lease_start.lua (the run's start on its lease).
 Real redis-server, no mocks."""
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from typing import Any
 import pytest
 import redis
 
-from schedproj.core.records import Outcome, RunRecord, encode
+from schedproj.core.records import LeaseView, Outcome, RunRecord, encode
 from schedproj.store.lane_store import LaneStore
+from schedproj.store.lease import HeavyLease, Holder
 from schedproj.store.protocol import Keys, run_field
 
 pytestmark = pytest.mark.timeout(60)
@@ -151,3 +153,53 @@ def test_the_previous_release_finishes_on_a_skipped_record(client: redis.Redis,
     assert written == 1
     assert store.read_run("L") == ended
 
+
+# -- the lease -------------------------------------------------------------------------------
+
+
+def test_a_grant_and_its_start_keep_their_times_and_fence_exactly(client: redis.Redis,
+                                                                 keys: Keys) -> None:
+    lease = HeavyLease(client, keys)
+    client.set(keys.lease_fence, str(2 ** 52))  # a sane counter (lease_acquire.lua: < 2**53)
+    granted_at, started_at = 1796405433.989978, 1796405434.000001
+    grant = lease.acquire("summary", "tok", 30, granted_at, task_id="T-1")
+    assert grant.granted and grant.fence == 2 ** 52 + 1
+    view = lease.read()
+    assert view is not None
+    assert (view.fence, view.granted_at) == (2 ** 52 + 1, granted_at)
+    assert type(view.fence) is int
+    holder = Holder(host="host/a", pid=4242, node='celery@"a"')
+    assert lease.start("tok", 30, started_at, holder=holder, lane="summary",
+                       task_id="T-1") == (True, 2 ** 52 + 1)
+    started = lease.read()
+    assert started is not None
+    assert started == replace(view, started_at=started_at, host="host/a", pid=4242,
+                              node='celery@"a"')
+    assert type(started.fence) is int
+
+
+def test_a_grant_at_an_integer_valued_time_keeps_it_a_float(client: redis.Redis,
+                                                          keys: Keys) -> None:
+    lease = HeavyLease(client, keys)
+    grant = lease.acquire("summary", "tok", 30, 1796405433.0)
+    assert grant.granted
+    view = lease.read()
+    assert view is not None
+    assert view == LeaseView(lane="summary", token="tok", fence=grant.fence,
+                             granted_at=1796405433.0, task_id="", epoch=view.epoch)
+    assert type(view.granted_at) is float, "written as an integer"
+
+
+def test_a_grant_of_the_previous_release_starts(client: redis.Redis, keys: Keys) -> None:
+    """The previous release's lease_acquire.lua wrote the lease with cjson (its own order, its
+    14 digits); this release's start sets its fields in that text."""
+    lease = HeavyLease(client, keys)
+    assert lease.acquire("summary", "tok", 30, 1796405433.989978).granted
+    view = lease.read()
+    assert view is not None
+    written = client.eval("return cjson.encode(cjson.decode(ARGV[1]))", 0,
+                          str(client.get(keys.lease)))
+    client.set(keys.lease, written, px=30_000)
+    assert lease.start("tok", 30, 1796405434.5, holder=Holder("h", 7, "n"))[0]
+    assert lease.read() == replace(view, granted_at=1796405433.99, started_at=1796405434.5,
+                                   host="h", pid=7, node="n")

@@ -15,6 +15,9 @@
 -- stamped with the epoch's generation: lease_start.lua starts it only in that generation.
 -- Returns {1, fence} granted, {0, holder lane} held, {-1, ''} caller is not the active beat,
 -- {-2, ms left} quarantine (or epoch not established: run epoch.lua first).
+-- The lease's text is written here, its numbers exactly (record_field.lua: cjson.encode keeps
+-- 14 significant digits, which cut granted_at to 10 ms and a fence past 14 digits).
+-- include: record_field
 if ARGV[6] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[6] then
   return {-1, ''}
 end
@@ -30,6 +33,12 @@ local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or '?'
 if epoch.run_id ~= run_id then return {-2, -1} end
 if server_now < epoch.quarantine_until then
   return {-2, epoch.quarantine_until - server_now}
+end
+-- Checked before anything is written (cjson refused it only once the fence had moved).
+local granted_at = record_number(ARGV[4])
+if not granted_at then
+  return redis.error_reply('ERR lease_acquire: the grant time ' .. tostring(ARGV[4])
+                           .. ' is not a finite number')
 end
 local current = redis.call('GET', KEYS[1])
 if current then
@@ -68,7 +77,11 @@ if KEYS[6] then
 end
 redis.call('SET', KEYS[2], string.format('%d', fence))
 redis.call('HINCRBY', KEYS[4], ARGV[9], 1)
-local rec = {v = tonumber(ARGV[8]), lane = ARGV[2], token = ARGV[1], fence = fence,
-             granted_at = tonumber(ARGV[4]), task_id = ARGV[5], epoch = epoch.gen}
-redis.call('SET', KEYS[1], cjson.encode(rec), 'PX', ARGV[3])
+-- The fields cjson wrote before, in the order Python's encode gives them (no field is left
+-- out but the epoch, when the epoch record has no generation).
+local rec = '{"v":' .. record_number(tonumber(ARGV[8])) .. ',"lane":' .. cjson.encode(ARGV[2])
+            .. ',"token":' .. cjson.encode(ARGV[1]) .. ',"fence":' .. record_number(fence)
+            .. ',"granted_at":' .. granted_at .. ',"task_id":' .. cjson.encode(ARGV[5])
+if type(epoch.gen) == 'number' then rec = rec .. ',"epoch":' .. record_number(epoch.gen) end
+redis.call('SET', KEYS[1], rec .. '}', 'PX', ARGV[3])
 return {1, fence}

@@ -36,6 +36,7 @@
 -- Without KEYS[4] the reply is {1, fence} as before.
 -- The epoch check lease_acquire.lua makes: nil when state is known intact, else the reason.
 -- include: epoch_refusal
+-- include: record_field
 local current = redis.call('GET', KEYS[1])
 if not current then return {0, 'gone'} end
 local ok, rec = pcall(cjson.decode, current)
@@ -53,11 +54,15 @@ if ARGV[4] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[4] then
   redis.call('DEL', KEYS[1])
   return {0, 'stale-beat'}
 end
-rec.started_at = tonumber(ARGV[3])
-rec.host = ARGV[5]
-rec.pid = tonumber(ARGV[6])
-rec.node = ARGV[7]
-redis.call('SET', KEYS[1], cjson.encode(rec), 'PX', ARGV[2])
+-- Set in the lease's text (record_field.lua): a cjson round trip cut granted_at and
+-- started_at to 10 ms and a fence past 14 digits, so the lease no longer named its fence.
+local lease = current
+local started_at, pid = record_number(ARGV[3]), record_number(ARGV[6])
+if started_at then lease = set_record_field(lease, 'started_at', started_at) end
+lease = set_record_field(lease, 'host', cjson.encode(ARGV[5]))
+if pid then lease = set_record_field(lease, 'pid', pid) end
+lease = set_record_field(lease, 'node', cjson.encode(ARGV[7]))
+redis.call('SET', KEYS[1], lease, 'PX', ARGV[2])
 if not KEYS[4] then return {1, rec.fence} end
 -- A lanes hash of the wrong type answers as a changed record: the caller's own compare and
 -- set meets the error and says so, as it did before the two were one call.
