@@ -131,7 +131,9 @@ def fair_entries_app(url: str, spec: dict[str, dict[str, Any]],
     settings = Settings.load(**{"broker_url": url, "redis_url": url, "key_prefix": FAIR_PREFIX,
                                 "wake_on_release": False,
                                 "beat_max_loop_interval_s": LOOP_INTERVAL_S, **lock})
-    app = Celery("bench-entries-fair", set_as_current=False)
+    # Current, as `celery beat` makes its app: the REM chain's due checks (beside the
+    # entries in bench.million) read the current app's store.
+    app = Celery("bench-entries-fair", set_as_current=True)
     configure_app(app, settings)
     app.conf.beat_schedule = spec
     return app

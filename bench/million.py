@@ -183,7 +183,9 @@ def family_app(url: str, prefix: str) -> Celery:
     settings = Settings.load(broker_url=url, redis_url=url, key_prefix=prefix,
                              wake_on_release=False, beat_max_loop_interval_s=LOOP_INTERVAL_S,
                              beat_lock_ttl_s=BEAT_LOCK_TTL_S)
-    app = Celery(f"bench-million-{prefix}", set_as_current=False)
+    # Current, as `celery beat` makes its app: the REM chain's due checks read the current
+    # app's store (schedproj.rem.lanes), or they would read another app's Redis and prefix.
+    app = Celery(f"bench-million-{prefix}", set_as_current=True)
     configure_app(app, settings)
     LaneStore(redis.Redis.from_url(url, decode_responses=True), Keys(prefix)).declare_fresh()
     for family, kind in ((HEAVY_FAMILY, LaneKind.HEAVY), (LIGHT_FAMILY, LaneKind.LIGHT)):
@@ -525,10 +527,12 @@ def run_redbeat(url: str, n: int, due: int, reps: int, cycles: int, pair_reps: i
     # The FairSchedulers' set-up outlasted redbeat's lock (nothing ticked it meanwhile): take
     # it again, as a restarted `celery beat` would.
     redbeat_schedulers.acquire_distributed_beat_lock(sender=SimpleNamespace(scheduler=sched))
-    result["pair"] = {name: idle_pair(fair, fair_sent, sched, sent, pair_reps,
-                                      len(names) * (cycles + 1))
-                      for name, fair, fair_sent in (("family", family, family_sent),
-                                                    ("entries", entries, entries_sent))}
+    result["pair"] = {}
+    for name, fair, fair_sent in (("family", family, family_sent),
+                                  ("entries", entries, entries_sent)):
+        fair.app.set_current()  # its REM due checks read its own store (see family_app)
+        result["pair"][name] = idle_pair(fair, fair_sent, sched, sent, pair_reps,
+                                         len(names) * (cycles + 1))
     family.close()
     entries.close()
     sched.close()
