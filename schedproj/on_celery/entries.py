@@ -774,8 +774,10 @@ class BeatEntries:
         :data:`PASS_STEPS_PER_TICK` pages of a pass over every entry (a take-over, the
         reconcile), then at most :data:`JUDGE_READS_PER_TICK` reads of due entries, each cut
         short once the tick spent :data:`TICK_BUDGET_S`; the rest in the next ticks, so the
-        lanes' tick and the beat lock's renewal come between."""
-        now = max(now, time.time())
+        lanes' tick and the beat lock's renewal come between. Work left returns the tick's
+        own start (``now`` as given): beat comes straight back, not after sleeping as long as
+        this tick took."""
+        started_at, now = now, max(now, time.time())
         if self._take_over_pending is not None:   # refused before: finish it first
             # (What had to be forgotten was, before anything that Redis could refuse.)
             self.take_over(now, put_back=self._take_over_pending, current=True)
@@ -798,9 +800,9 @@ class BeatEntries:
                 if reads >= JUDGE_READS_PER_TICK or time.monotonic() - started > TICK_BUDGET_S:
                     # Thousands due at once (a start, a midnight crontab): the rest in the
                     # next ticks.
-                    return now
+                    return started_at
             self._refused = ""
-            return now if self._pass is not None else self.head
+            return started_at if self._pass is not None else self.head
         except redis.ResponseError as exc:
             self._say_refused(exc, now)
             return self.head

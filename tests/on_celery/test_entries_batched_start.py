@@ -203,3 +203,16 @@ def test_a_beat_that_loses_the_lock_mid_pass_leaves_the_next_to_finish_it(
     sent = sent_names(queues)
     assert sent == due, "a due time was sent twice (or not at all)"
     a.close()
+
+
+def test_a_tick_with_pass_work_left_asks_to_come_back_at_once(
+        key_prefix: str, queues: redis.Redis, redis_client: redis.Redis,  # noqa: F811
+        small_pages: list[int]) -> None:
+    sched = FairScheduler(app=app_with(key_prefix, hourly(1000)))
+    sched.tick()
+    assert passing(sched)
+    # A tick that began a while ago (its lanes' part was slow): the next look is its start,
+    # not the moment the entries' step ended (beat would sleep as long as this tick took).
+    began = time.time() - 5.0
+    assert sched.engine.entries.tick(began, False) == began
+    sched.close()
