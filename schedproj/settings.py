@@ -25,6 +25,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schedproj.core import defaults
+from schedproj.core.dueindex import DERIVED_RECONCILE_S, RECONCILE_SLICE
 from schedproj.core.errors import ConfigurationError
 from schedproj.core.lanes import Profile
 from schedproj.core.picker import Policy
@@ -172,6 +173,15 @@ class Settings(BaseSettings):
     beat_max_loop_interval_s: float = Field(
         default=defaults.BEAT_MAX_LOOP_INTERVAL_S, gt=0,
         description="Longest beat sleep between ticks (a finishing run wakes it sooner).")
+    derived_reconcile_s: float = Field(
+        default=DERIVED_RECONCILE_S, gt=0,
+        description="How often the active beat begins re-checking every lane's place in the "
+        "due index (seconds): a cycle of slices, one a tick; a lane is re-checked at least "
+        "every max(this, ticks the cycle takes x the tick interval).")
+    reconcile_slice: int = Field(
+        default=RECONCILE_SLICE, ge=1,
+        description="Lanes one tick of that cycle re-checks (each read once more by the next "
+        "tick): the cycle takes ceil(lanes / this) ticks.")
     wake_on_release: bool = Field(
         default=True,
         description="Beat blocks on the wake list so a finishing run is followed at once; "

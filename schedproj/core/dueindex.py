@@ -20,11 +20,20 @@ from schedproj.core.pools import DEFAULT_POOL
 from schedproj.core.records import LaneState, LeaseView, SchedRecord
 from schedproj.core.views import is_in_flight
 
-#: How often the active beat rebuilds the due index and the changed set from the lane records
-#: even when their stamps agree (seconds): bounds how long any damage the stamps cannot see
-#: (a score moved by hand, a mark lost from a set restored in the same generation) lasts.
-#: A deleted, emptied, wrong-typed or restored key is seen and healed at the next tick.
+#: How often the active beat begins a reconcile cycle of the due index even when its stamps
+#: and the changed set's agree (seconds, ``Settings.derived_reconcile_s``): bounds how long any
+#: damage the stamps cannot see (a score moved by hand, a lane removed from the index, a mark
+#: lost from a set restored in the same generation) lasts. The cycle goes a slice a tick
+#: (:data:`RECONCILE_SLICE` lanes, ``LaneStore.reconcile_slice``): each lane of the slice is
+#: put back in the index if missing and marked changed, so the next tick reads it and writes
+#: its next look afresh - no tick reads more than a slice more than it would anyway, however
+#: many lanes there are. A lane is so re-checked at least every
+#: max(DERIVED_RECONCILE_S, ceil(lanes / RECONCILE_SLICE) ticks): at 1,000,000 lanes and beat's
+#: 3 s longest sleep, 200 ticks, at most 600 s (a busy beat ticks more often).
+#: A deleted, emptied, wrong-typed or restored key is seen at the next tick and healed in full.
 DERIVED_RECONCILE_S = 300.0
+#: Lanes a tick of the reconcile cycle re-checks (``Settings.reconcile_slice``): a read page.
+RECONCILE_SLICE = 5000
 
 
 def next_look(spec: LaneSpec, state: LaneState, now: float, *, paused: bool = False,
@@ -211,5 +220,5 @@ def with_changes(states: Mapping[str, LaneState],
 
 #: ``NEVER`` and ``due_at`` (the due-time rule, ``core.due``) are named here too: the worker
 #: files a finished run's due time through the due index.
-__all__ = ["DERIVED_RECONCILE_S", "NEVER", "Holds", "TickMemory", "due_at", "full_holds",
-           "next_look", "waits_for_lease", "with_changes"]
+__all__ = ["DERIVED_RECONCILE_S", "NEVER", "RECONCILE_SLICE", "Holds", "TickMemory", "due_at",
+           "full_holds", "next_look", "waits_for_lease", "with_changes"]

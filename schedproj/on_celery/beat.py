@@ -28,7 +28,7 @@ from celery.schedules import schedule as every
 
 from schedproj.core import defaults
 from schedproj.core.collector import cyclic_gc_paused
-from schedproj.core.dueindex import DERIVED_RECONCILE_S, TickMemory, full_holds
+from schedproj.core.dueindex import TickMemory, full_holds
 from schedproj.core.entries import RECHECK_S
 from schedproj.core.errors import BeatLockLost
 from schedproj.core.lanes import queue_for
@@ -55,7 +55,7 @@ from schedproj.on_celery.tick_lanes import TickLanes
 from schedproj.settings import Settings
 from schedproj.store.entry_store import EntryStore
 from schedproj.store.families import FamilyStore
-from schedproj.store.lane_store import Snapshot
+from schedproj.store.lane_store import ReconcileCycle, Snapshot
 from schedproj.store.lease import PoolSlots, holders
 from schedproj.telemetry import metrics
 from schedproj.telemetry.sentry import crons_exclusions, crons_schedule, init_sentry
@@ -133,8 +133,12 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
     _standby_said: str = ""
     #: The last Redis refusal logged (said once per onset, not every tick).
     _refusal_said: str = ""
-    #: When this beat last rebuilt the derived keys (due index, changed set).
+    #: When this beat last rebuilt the derived keys (due index, changed set), or began a
+    #: reconcile cycle of the due index.
     _reconciled_at: float = 0.0
+    #: The reconcile cycle under way (None: none; the next begins ``derived_reconcile_s``
+    #: after the last began).
+    _cycle: ReconcileCycle | None = None
     #: Made in ``setup_schedule`` (absent only on a lazy scheduler, which never ticks).
     engine: BeatEngine
     settings: Settings
@@ -293,7 +297,7 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         # are seen then even by a writer that does not set a stamp); on an idle tick a stamped
         # hook is called only when its stamp moved (DueChecks).
         probes, unreadable = e.checks.probe(snap.errors, e.lanes.lanes.knows,
-                                            fresh=bool(snap.changed), stamps=snap.got)
+                                            fresh=bool(snap.changed))
         # Re-read every tick until readable: an operator who deletes or fixes the bad value
         # with redis-cli marks nothing changed.
         e.lanes.broken = unreadable
@@ -421,10 +425,8 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
 
     def _snapshot(self, now: float, cursor: float | None) -> Snapshot:
         s, e = self.settings, self.engine
-        # The due checks' stamps ride with the read: the idle tick is one round trip.
         return e.rt.store.tick_snapshot(self.token, s.beat_lock_ttl_s, s.quarantine_s,
-                                        cursor=cursor, now=now, always=e.lanes.reread(),
-                                        also_get=e.checks.keys)
+                                        cursor=cursor, now=now, always=e.lanes.reread())
 
     def _reread_all(self, snap: Snapshot, now: float) -> Snapshot:
         """New to the lock, or Redis lost state: what this beat remembers may be stale. Index
@@ -459,23 +461,46 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         return snap
 
     def _heal(self, snap: Snapshot, now: float) -> Snapshot:
-        """Rebuild the derived keys when this tick found one broken, or at least every
-        ``DERIVED_RECONCILE_S``, and read every lane afresh; report broken operator keys."""
+        """Rebuild the derived keys when this tick found one broken, and read every lane
+        afresh; else go on with the reconcile cycle (:meth:`_reconcile`); report broken
+        operator keys."""
         e = self.engine
         derived = e.health.derived(snap.broken)
-        if derived or now - self._reconciled_at >= DERIVED_RECONCILE_S:
+        if derived:
             e.health.healed(snap.broken)
             e.memory.reset()
             e.rt.store.heal_derived(self.token, e.lanes.lanes.names, rescore=True)
             # The entries' derived keys too (their index, listing, and a changed mark the
             # heal of the changed set dropped), at the entries' step of this tick.
             e.entries.reconcile()
-            self._reconciled_at = now
+            # Every lane was rescored: a cycle under way has nothing left to find.
+            self._reconciled_at, self._cycle = now, None
             healed = self._snapshot(now, cursor=None)
             e.health.report({**healed.broken, **{k: snap.broken[k] for k in derived}})
             return healed
+        self._reconcile(now)
         e.health.report(snap.broken)
         return snap
+
+    def _reconcile(self, now: float) -> None:
+        """Re-check every lane's place in the due index, a slice a tick: a cycle begins at
+        least ``derived_reconcile_s`` after the last began, once it has ended; each tick of it
+        marks the next ``reconcile_slice`` lanes changed (missing ones put back in the index),
+        so the next tick reads them and writes their next look afresh. Rescoring every lane
+        at once made each reconcile a start-up-sized tick (every lane read and planned)."""
+        e, s = self.engine, self.settings
+        if self._cycle is None:
+            if now - self._reconciled_at < s.derived_reconcile_s:
+                return
+            self._reconciled_at = now
+            self._cycle = e.rt.store.reconcile_cycle()
+            # The entries' derived keys on the same period (their pass goes a page a tick).
+            e.entries.reconcile()
+        if not e.rt.store.reconcile_slice(self.token, e.lanes.lanes.names, self._cycle,
+                                          s.reconcile_slice):
+            raise BeatLockLost("the beat lock was lost during the reconcile")
+        if self._cycle.done:
+            self._cycle = None
 
     def _activate(self, snap: Snapshot, now: float) -> None:
         self.active = True

@@ -41,6 +41,22 @@ WRITTEN_MEMO_MAX = 200_000
 #: costs (tens of ms), whatever the lane count; a larger read goes on by pages in the same tick.
 READ_PAGE = 5000
 
+
+
+@dataclass
+class ReconcileCycle:
+    """Where beat's periodic reconcile of the due index stands (``LaneStore.reconcile_slice``):
+    how many of the declared lanes it did, the families left (the first is under way, at
+    ``cursor``, the SSCAN cursor of ``heal_page.lua``). ``done``: every lane was marked."""
+
+    families: list[str]
+    declared: int = 0
+    cursor: str = "0"
+    done: bool = False
+    #: How many lanes each call of the last slice marked.
+    pages: list[int] = field(default_factory=list)
+
+
 #: A lease record that cannot be read still means "held": never dispatch heavy work over it.
 UNREADABLE_LEASE = LeaseView(lane="?", token="", fence=0, granted_at=0.0)
 
@@ -50,6 +66,7 @@ class LockStatus:
     held: bool
     fence: int = 0
     event: str = ""  # acquired | renewed | held | replaced-garbage | bad-fence
+    #                  | deferred-after-loss (not held: left to the beat seen holding it)
     holder: str | None = None
 
 
@@ -102,9 +119,6 @@ class Snapshot:
     broken: Mapping[str, str] = field(default_factory=dict)
     #: The schedule entries changed (``ENTRIES_CHANGED_MEMBER`` was in the changed set).
     entries_changed: bool = False
-    #: The string keys the caller asked to read with the tick (``tick_snapshot``'s
-    #: ``also_get``), each key's value (None: no such string).
-    got: Mapping[str, str | None] = field(default_factory=dict)
 
 
 def parse_states(raw: Mapping[str, str], hash_key: str,
@@ -191,6 +205,7 @@ class LaneStore:
         self._tick_page = scripts.register(client, "tick_page")
         self._heal = scripts.register(client, "tick_heal")
         self._heal_page = scripts.register(client, "heal_page")
+        self._reconcile_page = scripts.register(client, "reconcile_page")
         self._epoch_check = scripts.register(client, "epoch_check")
         self._lua_gc = scripts.register(client, "lua_gc")
         #: The epoch id the last read returned (``EpochStatus.known_id`` of the next).
@@ -283,19 +298,13 @@ class LaneStore:
         return pipe.execute()
 
     def tick_snapshot(self, beat_token: str, lock_ttl_s: float, quarantine_s: float, *,
-                      cursor: float | None, now: float, always: Sequence[str] = (),
-                      also_get: Sequence[str] = ()) -> Snapshot:
+                      cursor: float | None, now: float, always: Sequence[str] = ()) -> Snapshot:
         """Renew the beat lock, check the epoch and read what changed: the lanes marked
         changed since the last call and those whose next look in the due index lies in
         (``cursor``, ``now``] (every due lane when ``cursor`` is None), plus ``always``. One
         round trip, costing what changed: O(log N) when nothing did. More than
         :attr:`read_page` lanes changed or due: read on by pages (:meth:`_read_pages`), each
-        call bounded, before this returns - the tick plans on the whole read, never on part.
-
-        ``also_get``: string keys (the due checks' stamps) read in the same round trip, right
-        after the script (``Snapshot.got``); with a read by pages, read again once the last
-        page is in, so they are never older than any record read. Keys under this store's
-        prefix: on a cluster, in the script's hash slot."""
+        call bounded, before this returns - the tick plans on the whole read, never on part."""
         k = self.keys
         keys = [k.beat_lock, k.beat_fence, k.epoch, k.due, k.changed, k.lanes, k.lease,
                 k.paused, k.run_now, k.due_stamp, k.changed_stamp, k.changed_reading]
@@ -306,18 +315,12 @@ class LaneStore:
         # Script loads it on a NoScriptError and retries). After a wake, the wake list is
         # emptied in the same round trip, before the read: a run that ends after the DEL
         # wakes the next wait, and one that ended before it is in this read.
-        # The keys asked for ride in the same pipeline, after the script.
-        get = [("MGET", *also_get)] if also_get else []
-        got: list[Any] = []
         if self._wake_pending:
             self._wake_pending = False
-            deleted, (lock_reply, epoch_reply, read), *got = self._pipelined(
-                self._tick, keys, args, before=[("DEL", k.wake)], after=get)
+            deleted, (lock_reply, epoch_reply, read) = self._pipelined(
+                self._tick, keys, args, before=[("DEL", k.wake)])
             if isinstance(deleted, Exception):
                 raise deleted  # a wake list of the wrong type: beat says which key
-        elif get:
-            (lock_reply, epoch_reply, read), *got = self._pipelined(self._tick, keys, args,
-                                                                    after=get)
         else:
             lock_reply, epoch_reply, read = self._tick(keys=keys, args=args)
         epoch = self._epoch_status(epoch_reply)
@@ -331,16 +334,10 @@ class LaneStore:
             self.read_pages = (len(read[1]),)
             if read[10]:
                 read = self._read_pages(beat_token, lock_ttl_s, now, read)
-                if get and int(read[0]) == 1:
-                    # After the last page: the first call's values are older than the pages.
-                    got = [self.client.mget(also_get)]
         if int(read[0]) != 1:
             return Snapshot(lock=replace(lock, held=False) if lock.held else lock, states={},
                             lease=None, epoch=epoch)
-        if got and isinstance(got[0], Exception):
-            raise got[0]
-        return self._parse_tick(lock, epoch, read,
-                                dict(zip(also_get, got[0], strict=True)) if got else {})
+        return self._parse_tick(lock, epoch, read)
 
     def _read_pages(self, beat_token: str, lock_ttl_s: float, now: float,
                     first: list[Any]) -> list[Any]:
@@ -401,8 +398,7 @@ class LaneStore:
         self._epoch_id = epoch.id or self._epoch_id
         return epoch
 
-    def _parse_tick(self, lock: LockStatus, epoch: EpochStatus, read: list[Any],
-                    got: Mapping[str, str | None]) -> Snapshot:
+    def _parse_tick(self, lock: LockStatus, epoch: EpochStatus, read: list[Any]) -> Snapshot:
         _, names, n_changed, values, scores, nxt, raw_lease, paused, forced, broken, _ = read
         entries_changed = ENTRIES_CHANGED_MEMBER in names[:int(n_changed)]
         if entries_changed:  # the marker is no lane: read it as the flag it is
@@ -437,7 +433,7 @@ class LaneStore:
                                 for lane, sc in zip(looked, scores, strict=True)},
                         next_look=float(nxt) if nxt not in ("", None) else None,
                         entries_changed=entries_changed,
-                        broken=dict(zip(broken[::2], broken[1::2], strict=True)), got=got)
+                        broken=dict(zip(broken[::2], broken[1::2], strict=True)))
 
     def heal_derived(self, beat_token: str, lanes: Sequence[str], *, rescore: bool) -> bool:
         """Rebuild the due index and the changed set and stamp both afresh (``tick_heal.lua``):
@@ -469,6 +465,51 @@ class LaneStore:
                 self.heal_pages.append(int(page[2]))
                 if cursor == "0":
                     break
+        return True
+
+    def reconcile_cycle(self) -> ReconcileCycle:
+        """A reconcile cycle from its start: the declared lanes, then each family's members
+        (the families of now: one added later was indexed by its adding)."""
+        return ReconcileCycle(families=self.family_names())
+
+    def reconcile_slice(self, beat_token: str, lanes: Sequence[str], cycle: ReconcileCycle,
+                        budget: int) -> bool:
+        """The next ``budget`` lanes of ``cycle`` (``lanes``: the declared lanes, then each
+        family's members a page a call) put back in the due index where missing and marked
+        changed (``reconcile_page.lua``): the next tick reads each and writes its next look
+        afresh, whatever its score was. A cycle of slices re-checks every lane; each slice
+        costs the next read about ``budget`` lanes more, however many lanes there are (an
+        SSCAN page may hold a few more than asked), in at most 16 calls. Moves ``cycle`` on
+        (``done`` once every lane was marked). False if this beat no longer holds the lock."""
+        k = self.keys
+        cycle.pages = []
+        left = budget
+        while left > 0 and not cycle.done:
+            if cycle.declared < len(lanes):
+                page = lanes[cycle.declared:cycle.declared + left]
+                reply = self._reconcile_page(keys=[k.beat_lock, k.due, k.changed],
+                                             args=[beat_token, "", "0", left, *page])
+                cycle.declared += len(page)
+            elif cycle.families:
+                family = cycle.families[0]
+                reply = self._reconcile_page(
+                    keys=[k.beat_lock, k.due, k.changed, k.family(family)],
+                    args=[beat_token, family, cycle.cursor, left])
+                cycle.cursor = "0" if int(reply[0]) != 1 else str(reply[1])
+                if cycle.cursor == "0":
+                    cycle.families.pop(0)
+            else:
+                cycle.done = True
+                break
+            if int(reply[0]) != 1:
+                return False
+            cycle.pages.append(int(reply[2]))
+            # A call costs a round trip however few members its page held: each takes at
+            # least a sixteenth of the budget, so a slice makes at most 16 calls (many small
+            # families are done over more slices, never in one tick's hundreds of calls).
+            left -= max(int(reply[2]), budget // 16, 1)
+        if cycle.declared >= len(lanes) and not cycle.families:
+            cycle.done = True
         return True
 
     def collect_script_garbage(self) -> tuple[float, float] | None:
