@@ -1,11 +1,12 @@
 """Beat's side of broken keys: heal the derived ones, report the others, once per onset.
 
 The due index and the changed set are derived from the lane records: beat rebuilds them when a
-tick finds one broken (``store/lua/tick_read.lua`` says which) and at least every
-:data:`~schedproj.core.dueindex.DERIVED_RECONCILE_S`. Every other key a tick reads is an
-operator's or another process's: one of the wrong type is read as empty (``paused``,
-``run-now``) or stops only what depends on it (``lease``: heavy lanes; ``lanes``: every lane;
-the beat fence: every dispatch), and is named with its fix until it is fixed.
+tick finds one broken (``store/lua/tick_read.lua`` says which), and re-checks the index a
+slice a tick, a cycle begun every :data:`~schedproj.core.dueindex.DERIVED_RECONCILE_S`. Every
+other key a tick reads is an operator's or another process's: one of the wrong type is read
+as empty (``paused``, ``run-now``) or stops only what depends on it (``lease``: heavy lanes;
+``lanes``: every lane; the beat fence: every dispatch), and is named with its fix until it is
+fixed.
 """
 
 from __future__ import annotations
