@@ -479,8 +479,10 @@ class LaneStore:
         changed (``reconcile_page.lua``): the next tick reads each and writes its next look
         afresh, whatever its score was. A cycle of slices re-checks every lane; each slice
         costs the next read about ``budget`` lanes more, however many lanes there are (an
-        SSCAN page may hold a few more than asked), in at most 16 calls. Moves ``cycle`` on
-        (``done`` once every lane was marked). False if this beat no longer holds the lock."""
+        SSCAN page may hold a few more than asked, and a set small enough for Redis to keep
+        compact - 128 members, 512 integers by default - comes whole), in at most 16 calls.
+        Moves ``cycle`` on (``done`` once every lane was marked). False if this beat no
+        longer holds the lock."""
         k = self.keys
         cycle.pages = []
         left = budget
