@@ -148,6 +148,9 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         self.active = False
         #: When this beat last read Redis holding the lock (its memory is that old).
         self._last_read_at = 0.0
+        #: When this beat last saw another beat hold the lock, by its own clock and by the
+        #: server's, and that beat's token (None: since it held the lock itself, or never).
+        self._holder_seen: tuple[float, int, str] | None = None
         kwargs.pop("schedule_filename", None)
         super().__init__(*args, **kwargs)
 
@@ -401,6 +404,10 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         first); None when this beat stands by."""
         snap = self._snapshot(now, cursor=self.memory.cursor)
         say_state_loss(snap)
+        if snap.lock.event == "held":
+            self._holder_seen = (now, snap.epoch.server_now_ms, str(snap.lock.holder))
+        elif snap.lock.held:
+            self._holder_seen = None  # its own lock: never left to another
         if snap.lock.event == "bad-fence":
             self.memory.reset()
             self.engine.health.report(snap.broken)
@@ -409,7 +416,7 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
             return None
         if not snap.lock.held:
             self.memory.reset()
-            self._go_standby(f"beat lock held by another beat ({str(snap.lock.holder)[:8]})")
+            self._go_standby(self._standby_reason(snap))
             return None
         if snap.lock.event == "replaced-garbage":
             logger.warning("beat %s: the beat lock key held a value without a TTL (not written "
@@ -426,7 +433,28 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
     def _snapshot(self, now: float, cursor: float | None) -> Snapshot:
         s, e = self.settings, self.engine
         return e.rt.store.tick_snapshot(self.token, s.beat_lock_ttl_s, s.quarantine_s,
-                                        cursor=cursor, now=now, always=e.lanes.reread())
+                                        cursor=cursor, now=now, always=e.lanes.reread(),
+                                        holder_seen_ms=self._holder_seen_ms(now))
+
+    def _holder_seen_ms(self, now: float) -> int:
+        """The server time this beat last saw another beat hold the lock, while that is less
+        than a lock TTL ago by this beat's clock; else 0. A vacant lock found after a state
+        loss since then vanished with the state, and is left to that beat (``lua/tick.lua``):
+        it remembers what Redis lost and puts it back (``_reread_all``) on its next tick. The
+        TTL bounds the wait when it does not come back; a beat that never saw a holder (a new
+        deployment, every beat restarted) takes a vacant lock at once."""
+        seen = self._holder_seen
+        if seen is None or now - seen[0] >= self.settings.beat_lock_ttl_s:
+            return 0
+        return seen[1]
+
+    def _standby_reason(self, snap: Snapshot) -> str:
+        if snap.lock.event != "deferred-after-loss" or self._holder_seen is None:
+            return f"beat lock held by another beat ({str(snap.lock.holder)[:8]})"
+        return (f"Redis lost its state and the beat lock with it; the lock is left to beat "
+                f"{self._holder_seen[2][:8]}, which held it and remembers what Redis lost, "
+                f"until one lock TTL after this beat last saw it hold the lock (then this beat "
+                f"takes it, and what Redis lost counts from now)")
 
     def _reread_all(self, snap: Snapshot, now: float) -> Snapshot:
         """New to the lock, or Redis lost state: what this beat remembers may be stale. Index

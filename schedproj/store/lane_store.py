@@ -298,19 +298,21 @@ class LaneStore:
         return pipe.execute()
 
     def tick_snapshot(self, beat_token: str, lock_ttl_s: float, quarantine_s: float, *,
-                      cursor: float | None, now: float, always: Sequence[str] = ()) -> Snapshot:
+                      cursor: float | None, now: float, always: Sequence[str] = (),
+                      holder_seen_ms: int = 0) -> Snapshot:
         """Renew the beat lock, check the epoch and read what changed: the lanes marked
         changed since the last call and those whose next look in the due index lies in
         (``cursor``, ``now``] (every due lane when ``cursor`` is None), plus ``always``. One
         round trip, costing what changed: O(log N) when nothing did. More than
         :attr:`read_page` lanes changed or due: read on by pages (:meth:`_read_pages`), each
-        call bounded, before this returns - the tick plans on the whole read, never on part."""
+        call bounded, before this returns - the tick plans on the whole read, never on part.
+        ``holder_seen_ms``: ARGV[10] of ``lua/tick.lua`` (a vacant lock left after a loss)."""
         k = self.keys
         keys = [k.beat_lock, k.beat_fence, k.epoch, k.due, k.changed, k.lanes, k.lease,
                 k.paused, k.run_now, k.due_stamp, k.changed_stamp, k.changed_reading]
         args = [beat_token, int(lock_ttl_s * 1000), int(quarantine_s * 1000), uuid.uuid4().hex,
                 EPOCH_VERSION, "-inf" if cursor is None else repr(cursor), repr(now),
-                STAMP_MEMBER, self.read_page, *always]
+                STAMP_MEMBER, self.read_page, holder_seen_ms, *always]
         # One script call: tick.lua renews the lock, checks the epoch and reads (redis-py's
         # Script loads it on a NoScriptError and retries). After a wake, the wake list is
         # emptied in the same round trip, before the read: a run that ends after the DEL

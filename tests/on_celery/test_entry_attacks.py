@@ -270,10 +270,13 @@ def test_a_beat_back_from_standing_by_does_not_send_what_another_sent_meanwhile(
     a.tick()  # A finds B holding the lock: it stands by
     for key in redis_client.scan_iter(f"{key_prefix}:*"):  # Redis loses the state
         redis_client.delete(key)
-    ticks(a, 3, 0.1)
+    # B does not come back: A leaves the vacant lock to it for one lock TTL (1 s), then takes it.
+    ticks(a, 13, 0.1)
     after = sent(queues)
+    took = a.active
     a.close()
     b.close()
+    assert took, "A never took the lock B left"
     assert after == 2, "A sent again the due time B had sent"
 
 

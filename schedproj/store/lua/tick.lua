@@ -10,9 +10,12 @@
 -- KEYS[10] due stamp, KEYS[11] changed stamp, KEYS[12] the changed set being read by pages
 -- ARGV[1] beat token, ARGV[2] lock ttl ms, ARGV[3] quarantine ms, ARGV[4] new epoch id,
 -- ARGV[5] epoch record version, ARGV[6] cursor, ARGV[7] now, ARGV[8] stamp member,
--- ARGV[9] page, ARGV[10...] lanes read every tick
+-- ARGV[9] page, ARGV[10] the server time (ms) this beat last saw another beat hold the lock,
+-- while that was less than a lock TTL ago by its own clock ('0': not lately),
+-- ARGV[11...] lanes read every tick
 -- Returns {beat_lock's reply, epoch's reply, tick_read's reply}; a lock reply event
--- 'bad-fence' when the beat fence is unusable.
+-- 'bad-fence' when the beat fence is unusable, {0, '', 'deferred-after-loss'} when this beat
+-- leaves a vacant lock to the beat it saw holding it (below).
 local function beat_lock(KEYS, ARGV)
 -- include: beat_lock
 end
@@ -39,6 +42,37 @@ local function sane(reply)
   return reply[1] ~= 1 or (type(f) == 'number' and f >= 1 and f == math.floor(f)
                            and f < 1e15 and reply[3] ~= nil)
 end
+-- The lanes hash, the lease, the due index, the changed set and their stamps tell an empty
+-- Redis (a new deployment, or everything lost) from one that lost only part of its state.
+local epoch_keys = {KEYS[3], KEYS[2], KEYS[6], KEYS[7], KEYS[4], KEYS[5], KEYS[10], KEYS[11]}
+local epoch_args = {ARGV[3], ARGV[4], ARGV[5]}
+local function checked_epoch()
+  local ok_epoch, reply = pcall(epoch, epoch_keys, epoch_args)
+  if not ok_epoch then
+    if not fence_ok() then return nil end
+    redis.call('DEL', KEYS[3])
+    reply = epoch(epoch_keys, epoch_args)
+  end
+  return reply
+end
+local epoch_reply = nil
+-- A vacant lock after a state loss vanished with the state: the beat that held it a moment ago
+-- remembers the entries' states and the lanes' run records Redis lost, and puts them back when
+-- it takes the lock again (beat.py _reread_all); a beat that takes it first remembers nothing,
+-- so everything would count from now. So a beat that saw another hold the lock since the loss
+-- was detected (the epoch record's since; a loss seen before that holder held the lock took
+-- nothing from it) leaves the lock vacant: its caller stops asking one lock TTL after it last
+-- saw the holder. A lock that expired with no loss since, or was never seen held, is taken at
+-- once; a lock of another type or without a TTL is not vacant (replaced below, as ever).
+local seen = tonumber(ARGV[10]) or 0
+if seen > 0 and redis.call('EXISTS', KEYS[1]) == 0 then
+  epoch_reply = checked_epoch()
+  if not epoch_reply then return BAD_FENCE end
+  local ok_rec, rec = pcall(cjson.decode, redis.call('GET', KEYS[3]))
+  if ok_rec and type(rec) == 'table' and type(rec.since) == 'number' and rec.since >= seen then
+    return {{0, '', 'deferred-after-loss'}, epoch_reply, {0}}
+  end
+end
 local lock_keys, lock_args = {KEYS[1], KEYS[2]}, {ARGV[1], ARGV[2]}
 local ok, lock = pcall(beat_lock, lock_keys, lock_args)
 if not ok or not sane(lock) then
@@ -48,18 +82,12 @@ if not ok or not sane(lock) then
     lock = beat_lock(lock_keys, lock_args)
   end
 end
--- The lanes hash, the lease, the due index, the changed set and their stamps tell an empty
--- Redis (a new deployment, or everything lost) from one that lost only part of its state.
-local epoch_keys = {KEYS[3], KEYS[2], KEYS[6], KEYS[7], KEYS[4], KEYS[5], KEYS[10], KEYS[11]}
-local epoch_args = {ARGV[3], ARGV[4], ARGV[5]}
-local ok_epoch, epoch_reply = pcall(epoch, epoch_keys, epoch_args)
-if not ok_epoch then
-  if not fence_ok() then return BAD_FENCE end
-  redis.call('DEL', KEYS[3])
-  epoch_reply = epoch(epoch_keys, epoch_args)
+if not epoch_reply then
+  epoch_reply = checked_epoch()
+  if not epoch_reply then return BAD_FENCE end
 end
 local read_args = {ARGV[1], ARGV[6], ARGV[7], ARGV[8], ARGV[9]}
-for i = 10, #ARGV do read_args[#read_args + 1] = ARGV[i] end
+for i = 11, #ARGV do read_args[#read_args + 1] = ARGV[i] end
 return {lock, epoch_reply,
         tick_read({KEYS[1], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9],
                    KEYS[10], KEYS[11], KEYS[12]}, read_args)}
