@@ -544,7 +544,8 @@ def _minutely_entry(name: str, mine: list[Claim], window: tuple[float, float], s
     unrecorded = dict(hidden)
     claimed_ats = sorted(c.at for c in mine)
     lo, hi = window
-    for minute in range(int(lo // 60 + 1) * 60, int(hi - slack_s), 60):
+    # Every minute whose bound (slack_s after it) ended inside the window.
+    for minute in range(int(lo // 60 + 1) * 60, math.ceil(hi - slack_s), 60):
         _during(minute, faults, report)
         claimed = by_minute.get(float(minute))
         if claimed:
