@@ -427,15 +427,18 @@ def audit_entries(sends: Iterable[Mapping[str, Any]], runs: Iterable[Mapping[str
                   window: tuple[float, float], slack_s: float,
                   faults: Iterable[tuple[float, str, float]], state_losses: Iterable[str],
                   broker_losses: Iterable[str], beat_kills: Iterable[str],
-                  deliver_s: float,
+                  deliver_s: float, beat_stalls: Iterable[str] = (),
                   final_states: Mapping[str, tuple[float, int]] = {}) -> EntryAudit:
     """Check that each entry due time was sent once, from what beat published
     (:func:`entry_sends_key`: entry, task id, the claimed due time and count) and what the
     workers ran (:func:`entry_runs_key`).
 
     ``faults`` are (began, kind, until): until when the fleet may still be recovering. Time
-    inside them is not counted against an entry's wait, as for the lanes (see :func:`audit`).
-    The bounds, as docs/entries.md documents them:
+    inside those that can hold beat's entries step up is not counted against an entry's wait:
+    beat killed or frozen (``beat_kills``), its Redis frozen (``beat_stalls``), restarted or
+    failed over (``state_losses``), the broker restarted (``broker_losses``); a fault that
+    left beat and Redis alone (a heavy worker killed or paused) excuses nothing. The bounds,
+    as docs/entries.md documents them:
 
     * an interval entry is claimed at least one interval after its last claim (less: a
       second claim of one due time) and at most an interval plus ``slack_s`` after it, not
@@ -456,21 +459,14 @@ def audit_entries(sends: Iterable[Mapping[str, Any]], runs: Iterable[Mapping[str
     claims = claims_from_sends(sends)
     runs = list(runs)
     faults = sorted(faults)
-    spans = _merged((began, until) for began, _, until in faults)
+    holds_beat = {*state_losses, *broker_losses, *beat_kills, *beat_stalls}
+    spans = _merged((began, until) for began, kind, until in faults if kind in holds_beat)
     lossy = [(b, u) for b, kind, u in faults if kind in set(state_losses)]
     kills = [b for b, kind, _ in faults if kind in set(beat_kills)]
     broker = [(b, u) for b, kind, u in faults if kind in set(broker_losses)]
-    ran = Counter(str(r["task"]) for r in runs)
-    sent_ids = {c.task for c in claims}
     report = EntryAudit(sends=len(claims), runs=len(runs))
-    entry_of = {str(r["task"]): str(r["entry"]) for r in runs}
-    report.duplicate_runs.extend(sorted((entry_of[t], t) for t, n in ran.items() if n > 1))
-    unlogged = [r for r in runs if str(r["task"]) not in sent_ids]
-    report.unlogged_runs.extend(str(r["task"]) for r in unlogged)
-    report.recorded_early.extend((c.entry, c.at, c.began) for c in claims
-                                 if c.began is not None and c.began - c.at > CLAIM_LAG_S)
     hi = window[1]
-    _deliveries([c for c in claims if c.sent <= hi], ran, broker, deliver_s, report)
+    unlogged = _messages(claims, runs, broker, deliver_s, hi, report)
     for name in {c.entry for c in claims} | set(intervals) | set(minutely):
         mine = [c for c in claims if c.entry == name]
         hidden = _entry_counts(name, mine, unlogged, kills, report)
@@ -482,6 +478,23 @@ def audit_entries(sends: Iterable[Mapping[str, Any]], runs: Iterable[Mapping[str
         elif name in set(minutely):
             _minutely_entry(name, mine, window, slack_s, spans, lossy, faults, hidden, report)
     return report
+
+
+def _messages(claims: list[Claim], runs: list[Mapping[str, Any]],
+              broker: list[tuple[float, float]], deliver_s: float, stop: float,
+              report: EntryAudit) -> list[Mapping[str, Any]]:
+    """The messages' findings: run twice, claims recorded early, published by ``stop`` and
+    never run (:func:`_deliveries`). Returns the runs no publish record names."""
+    ran = Counter(str(r["task"]) for r in runs)
+    sent_ids = {c.task for c in claims}
+    entry_of = {str(r["task"]): str(r["entry"]) for r in runs}
+    report.duplicate_runs.extend(sorted((entry_of[t], t) for t, n in ran.items() if n > 1))
+    unlogged = [r for r in runs if str(r["task"]) not in sent_ids]
+    report.unlogged_runs.extend(str(r["task"]) for r in unlogged)
+    report.recorded_early.extend((c.entry, c.at, c.began) for c in claims
+                                 if c.began is not None and c.began - c.at > CLAIM_LAG_S)
+    _deliveries([c for c in claims if c.sent <= stop], ran, broker, deliver_s, report)
+    return unlogged
 
 
 def _deliveries(claims: list[Claim], ran: Counter[str], broker: list[tuple[float, float]],

@@ -58,6 +58,9 @@ ENTRY_DELIVER_S = 10.0
 #: Faults that kill the active beat (between an entry's claim and its publish, that due time
 #: is not sent: docs/entries.md).
 BEAT_KILLS = ("kill-beat", "freeze-beat")
+#: Faults that stall beat's tick without killing it or losing the state: Redis frozen. With
+#: the kills and the state losses, the faults whose time excuses an entry's wait.
+BEAT_STALLS = ("block-redis",)
 
 
 def run_figures(figures: Figures, exits: list[str], sentinel: bool,
@@ -164,7 +167,8 @@ def audit_schedule_entries(client: redis.Redis, disruptions: list[tuple[float, s
         [json.loads(x) for x in client.lrange(entry_runs_key(PREFIX), 0, -1)],
         intervals=ENTRY_INTERVALS, minutely=(ENTRY_MINUTELY,), window=window,
         slack_s=ENTRY_SLACK_S, faults=disruptions, state_losses=(*STATE_LOSSES, FAILOVER),
-        broker_losses=STATE_LOSSES, beat_kills=BEAT_KILLS, deliver_s=ENTRY_DELIVER_S,
+        broker_losses=STATE_LOSSES, beat_kills=BEAT_KILLS, beat_stalls=BEAT_STALLS,
+        deliver_s=ENTRY_DELIVER_S,
         final_states=final_states)
 
 

@@ -5,7 +5,23 @@ the window is judged. Pure journal input to the real audit (no Redis)."""
 
 from __future__ import annotations
 
-from tests.wings.test_chaos_audit import entry_audit, sent
+from typing import Any
+
+from schedproj.chaos.audit import audit_entries
+from tests.wings.test_chaos_audit import entry_audit, every_2s, ran, sent
+
+
+def minutely_audit(sends: list[dict], *, window: tuple[float, float],
+                   faults: list[tuple[float, str, float]] = (),
+                   final: dict[str, tuple[float, int]] | None = None) -> Any:
+    """The audit of the crontab entry ``m`` whose publishes all ran, as the chaos run's
+    report calls it (a freeze kills two beats, block-redis stalls beat)."""
+    return audit_entries(sends, [ran(s["entry"], s["task"], s["t"] + 0.2) for s in sends],
+                         intervals={}, minutely=("m",), window=window, slack_s=0.5,
+                         faults=faults, state_losses=("restart",), broker_losses=("restart",),
+                         beat_kills={"kill-beat": 1, "freeze-beat": 2},
+                         beat_stalls=("block-redis",), deliver_s=5.0,
+                         final_states=final or {})
 
 
 def test_a_minute_beat_skipped_with_no_fault_near_it_is_missed() -> None:
@@ -25,3 +41,21 @@ def test_a_minute_whose_bound_ended_less_than_a_second_before_the_window_is_judg
         report = entry_audit([sent("m", "m1", 60.2, 1)], window=(0.0, hi))
         assert report.missed == [("m", 120.0, hi, 0.0)], hi
     assert entry_audit([sent("m", "m1", 60.2, 1)], window=(0.0, 120.4)).missed == []
+
+
+def test_a_fault_that_left_beat_and_redis_alone_excuses_no_entry_wait() -> None:
+    """A heavy worker paused across the minute (beat, its lock and Redis untouched), the
+    window ending 2.4 s after it: beat had 2.4 s to claim minute 120 and never did - missed,
+    as it is with no fault. Redis frozen (block-redis, a beat stall) or beat killed across the
+    same span does hold beat's entries step up: 0.4 s left, within the bound."""
+    sends = [sent("m", "m1", 60.2, 1)]
+    for kind in ("pause-heavy", "kill-heavy", "corrupt-derived"):
+        report = minutely_audit(sends, window=(0.0, 122.4), faults=[(119.0, kind, 122.0)])
+        assert report.missed == [("m", 120.0, 122.4, 0.0)], kind
+    for kind in ("block-redis", "kill-beat", "freeze-beat", "restart"):
+        report = minutely_audit(sends, window=(0.0, 122.4), faults=[(119.0, kind, 122.0)])
+        assert report.missed == [], kind
+    # An interval entry claimed 4 s late across a heavy worker's pause: late.
+    late = entry_audit(every_2s(0.5, 2.6, 8.7), faults=[(2.7, "pause-heavy", 8.0)])
+    assert [m[:3] for m in late.missed] == [("e", 2.6, 8.7)]
+    assert entry_audit(every_2s(0.5, 2.6, 8.7), faults=[(2.7, "kill-beat", 8.0)]).missed == []
