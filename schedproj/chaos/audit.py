@@ -413,6 +413,11 @@ class EntryAudit:
                 "entry_due_during_faults": dict(sorted(self.due_during.items()))}
 
 
+#: The beat kill faults, (began, ended, beats killed that may hold the lock), and how many
+#: more unpublished claims of the entry under audit each may account for.
+Kills = tuple[list[tuple[float, float, int]], list[int]]
+
+
 def claims_from_sends(sends: Iterable[Mapping[str, Any]]) -> list[Claim]:
     return sorted((Claim(entry=str(s["entry"]), task=str(s["task"]),
                          at=float(s["at"] if s.get("at") is not None else s["t"]),
@@ -426,7 +431,7 @@ def audit_entries(sends: Iterable[Mapping[str, Any]], runs: Iterable[Mapping[str
                   intervals: Mapping[str, float], minutely: Iterable[str],
                   window: tuple[float, float], slack_s: float,
                   faults: Iterable[tuple[float, str, float]], state_losses: Iterable[str],
-                  broker_losses: Iterable[str], beat_kills: Iterable[str],
+                  broker_losses: Iterable[str], beat_kills: Mapping[str, int],
                   deliver_s: float, beat_stalls: Iterable[str] = (),
                   final_states: Mapping[str, tuple[float, int]] = {}) -> EntryAudit:
     """Check that each entry due time was sent once, from what beat published
@@ -450,9 +455,11 @@ def audit_entries(sends: Iterable[Mapping[str, Any]], runs: Iterable[Mapping[str
       the window's end); a minute that fell inside a state loss may be skipped (counted: a
       state that was lost counts from when beat saw the loss);
     * the claims' counts go up one at a time (or start again at 1 after a state loss): a
-      count skipped is a claim never published, allowed only across a beat killed (a
-      ``beat_kills`` kind: killed between the claim and the publish); ``final_states`` tells
-      of claims after the last published one (:func:`_last_claims`);
+      count skipped is a claim never published, allowed only across a beat killed between
+      the claim and the publish, and one per entry for each beat killed (``beat_kills``: a
+      fault kind -> how many beats that may hold the lock it kills): a tick claims an entry
+      at most once and publishes its claims before it claims again (on_celery/entries.py);
+      ``final_states`` tells of claims after the last published one (:func:`_last_claims`);
     * every published message runs once, unless a broker restart (a ``broker_losses`` kind)
       was under way within ``deliver_s`` after it was published: the message went with it.
     """
@@ -462,16 +469,18 @@ def audit_entries(sends: Iterable[Mapping[str, Any]], runs: Iterable[Mapping[str
     holds_beat = {*state_losses, *broker_losses, *beat_kills, *beat_stalls}
     spans = _merged((began, until) for began, kind, until in faults if kind in holds_beat)
     lossy = [(b, u) for b, kind, u in faults if kind in set(state_losses)]
-    kills = [b for b, kind, _ in faults if kind in set(beat_kills)]
+    kills = [(b, u, beat_kills[kind]) for b, kind, u in faults if kind in beat_kills]
     broker = [(b, u) for b, kind, u in faults if kind in set(broker_losses)]
     report = EntryAudit(sends=len(claims), runs=len(runs))
     hi = window[1]
     unlogged = _messages(claims, runs, broker, deliver_s, hi, report)
     for name in {c.entry for c in claims} | set(intervals) | set(minutely):
         mine = [c for c in claims if c.entry == name]
-        hidden = _entry_counts(name, mine, unlogged, kills, report)
+        left = [n for *_, n in kills]   # claims of this entry each kill may still have lost
+        hidden = _entry_counts(name, mine, unlogged, (kills, left), report)
         if name in final_states:
-            _last_claims(name, mine, final_states[name], unlogged, kills, hi, hidden, report)
+            _last_claims(name, mine, final_states[name], unlogged, (kills, left), hi, hidden,
+                         report)
         if name in intervals:
             _interval_entry(name, intervals[name], mine, window, slack_s, spans, lossy,
                             faults, hidden, report)
@@ -583,7 +592,7 @@ def _minutely_entry(name: str, mine: list[Claim], window: tuple[float, float], s
 
 
 def _entry_counts(name: str, mine: list[Claim], unlogged: list[Mapping[str, Any]],
-                  kills: list[float], report: EntryAudit) -> dict[float, int]:
+                  kills: Kills, report: EntryAudit) -> dict[float, int]:
     """Counts go up one per claim: a count skipped is a claim never published (unless its
     message ran unlogged); a count that goes back, other than a fresh start at 1, read a
     state older than the last claim.
@@ -603,25 +612,49 @@ def _entry_counts(name: str, mine: list[Claim], unlogged: list[Mapping[str, Any]
             continue
         quiet = sum(1 for r in unlogged
                     if str(r["entry"]) == name and a.sent < float(r["t"]) <= b.sent)
-        killed = any(a.sent <= k <= b.sent for k in kills)
-        allowed = min(quiet, b.count - a.count - 1)
-        for missing in range(a.count + 1 + quiet, b.count):
-            (report.unsent_at_beat_kill if killed else report.unsent).append((name, missing))
-            allowed += killed
+        missing = range(a.count + 1, b.count)
+        lost = _lost_at_kills(kills, a.sent, b.sent, len(missing) - min(quiet, len(missing)))
+        allowed = _unpublished(name, missing, quiet, lost, report)
         if allowed:
             hidden[a.at] = hidden.get(a.at, 0) + allowed
     return hidden
 
 
+def _lost_at_kills(kills: Kills, since: float, until: float, wanted: int) -> int:
+    """How many of ``wanted`` claims made and never published between ``since`` and
+    ``until`` the beat kill faults under way then account for: each at most the beats it
+    killed, over the whole run (``kills``: the faults (began, ended, beats killed) and what
+    each may still account for, taken from)."""
+    faults, left = kills
+    lost = 0
+    for i, (began, ended, _) in enumerate(faults):
+        if began <= until and ended >= since and lost < wanted:
+            take = min(left[i], wanted - lost)
+            left[i] -= take
+            lost += take
+    return lost
+
+
+def _unpublished(name: str, missing: range, quiet: int, lost: int, report: EntryAudit) -> int:
+    """The ``missing`` counts, claims never published: the first ``quiet`` ran unlogged (a
+    beat killed between the publish and its record), the next ``lost`` died with a beat
+    killed before the publish, the rest are unsent. Returns how many are accounted for."""
+    for i, count in enumerate(missing[quiet:]):
+        (report.unsent_at_beat_kill if i < lost else report.unsent).append((name, count))
+    return min(quiet, len(missing)) + min(lost, len(missing[quiet:]))
+
+
 def _last_claims(name: str, mine: list[Claim], final: tuple[float, int],
-                 unlogged: list[Mapping[str, Any]], kills: list[float], stop: float,
+                 unlogged: list[Mapping[str, Any]], kills: Kills, stop: float,
                  hidden: dict[float, int], report: EntryAudit) -> None:
     """The claims after the last published one, told by the state at the end (``final``:
     ``last_run_at`` and count, read once the beats stopped; the window ends at ``stop``,
     when they were told to): each count above the last published one (0 before the first:
     a fresh state) is a claim never published, unless its message ran unlogged; allowed
-    only with a beat killed since the last published claim, or the newest claim made just
-    before the fleet's ``stop`` (which kills beat too). A state lost since, or rolled back,
+    one per beat killed since the last published claim (:func:`_lost_at_kills`), and one
+    for the fleet's ``stop`` (which stops beat too) when the newest claim was made just
+    before it; the newest claim needs a beat killed or stopped after it. A state lost
+    since, or rolled back,
     counts no higher and tells nothing. Adds them to ``hidden`` (as :func:`_entry_counts`
     does) under the last published claim's due time (``-inf`` before the first)."""
     known = [c for c in sorted(mine, key=lambda c: c.sent) if c.count is not None]
@@ -632,11 +665,15 @@ def _last_claims(name: str, mine: list[Claim], final: tuple[float, int],
     if count <= base or (last is not None and at <= last.at):
         return
     quiet = sum(1 for r in unlogged if str(r["entry"]) == name and float(r["t"]) > since)
-    killed = any(k >= since for k in kills) or stop - at <= CLAIM_LAG_S
-    allowed = min(quiet, count - base)
-    for missing in range(base + 1 + quiet, count + 1):
-        (report.unsent_at_beat_kill if killed else report.unsent).append((name, missing))
-        allowed += killed
+    missing = range(base + 1, count + 1)
+    unpublished = len(missing) - min(quiet, len(missing))
+    stopped = int(stop - at <= CLAIM_LAG_S and unpublished > 0)
+    # The newest claim (made at ``at``) died with a beat only if one was killed or stopped
+    # after it (a kill fault's end: the frozen beat dies then); else beat ran on unpublished.
+    if not stopped and not any(ended >= at for _, ended, _ in kills[0]):
+        unpublished -= 1
+    lost = stopped + _lost_at_kills(kills, since, math.inf, max(unpublished - stopped, 0))
+    allowed = _unpublished(name, missing, quiet, lost, report)
     if allowed:
         key = last.at if last is not None else -math.inf
         hidden[key] = hidden.get(key, 0) + allowed

@@ -56,8 +56,10 @@ ENTRY_SLACK_S = LOOP_S + 1.0
 #: with a broker restart.
 ENTRY_DELIVER_S = 10.0
 #: Faults that kill the active beat (between an entry's claim and its publish, that due time
-#: is not sent: docs/entries.md).
-BEAT_KILLS = ("kill-beat", "freeze-beat")
+#: is not sent: docs/entries.md), and how many beats that may hold the lock each kills: each
+#: may take one claim of an entry with it. kill-beat kills the active beat; freeze-beat kills
+#: it, then the frozen beat that took over at the fault's end.
+BEAT_KILLS = {"kill-beat": 1, "freeze-beat": 2}
 #: Faults that stall beat's tick without killing it or losing the state: Redis frozen. With
 #: the kills and the state losses, the faults whose time excuses an entry's wait.
 BEAT_STALLS = ("block-redis",)

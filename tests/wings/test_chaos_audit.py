@@ -201,7 +201,7 @@ def entry_audit(sends: list[dict], runs: list[dict] | None = None, *,
     return audit_entries(sends, runs, intervals={"e": 2.0} if "e" in names else {},
                          minutely=("m",) if "m" in names else (), window=window,
                          slack_s=0.5, faults=faults, state_losses=("restart",),
-                         broker_losses=("restart",), beat_kills=("kill-beat",), deliver_s=5.0)
+                         broker_losses=("restart",), beat_kills={"kill-beat": 1}, deliver_s=5.0)
 
 
 def test_entries_sent_once_per_due_time_have_no_findings() -> None:
@@ -321,7 +321,7 @@ def test_the_state_at_the_end_tells_of_a_last_claim_never_published() -> None:
         return audit_entries(sends, [ran("m", "m1", 60.4)], intervals={}, minutely=("m",),
                              window=window, slack_s=0.5, faults=faults,
                              state_losses=("restart",), broker_losses=("restart",),
-                             beat_kills=("kill-beat",), deliver_s=5.0, final_states=final)
+                             beat_kills={"kill-beat": 1}, deliver_s=5.0, final_states=final)
 
     killed = audited({"m": (120.02, 2)}, faults=[(120.03, "kill-beat", 123.0)])
     assert killed.missed == [] and killed.unsent_at_beat_kill == [("m", 2)]
@@ -334,7 +334,7 @@ def test_the_state_at_the_end_tells_of_a_last_claim_never_published() -> None:
     # The run's first claim: the count it skipped is counted from the fresh state's 0.
     first = audit_entries([], [], intervals={}, minutely=("m",), window=(60.0, 150.0),
                           slack_s=0.5, faults=[(120.03, "kill-beat", 123.0)],
-                          state_losses=(), broker_losses=(), beat_kills=("kill-beat",),
+                          state_losses=(), broker_losses=(), beat_kills={"kill-beat": 1},
                           deliver_s=5.0, final_states={"m": (120.02, 1)})
     assert first.missed == [] and first.unsent_at_beat_kill == [("m", 1)]
 

@@ -59,3 +59,53 @@ def test_a_fault_that_left_beat_and_redis_alone_excuses_no_entry_wait() -> None:
     late = entry_audit(every_2s(0.5, 2.6, 8.7), faults=[(2.7, "pause-heavy", 8.0)])
     assert [m[:3] for m in late.missed] == [("e", 2.6, 8.7)]
     assert entry_audit(every_2s(0.5, 2.6, 8.7), faults=[(2.7, "kill-beat", 8.0)]).missed == []
+
+
+def test_one_beat_kill_accounts_for_one_unpublished_claim_of_an_entry_the_rest_unsent() -> None:
+    """Counts 1 -> 4 across one kill: the killed beat lost at most one claim of the entry (a
+    tick claims an entry once and publishes its claims before it claims again); the standby
+    then claimed minutes 180 and 240 and never published them - claimed and not sent, a
+    violation each, and their minutes missed. Told by the state at the end, or by a later
+    published claim's count."""
+    kill = [(120.03, "kill-beat", 123.0)]
+    told_at_end = minutely_audit([sent("m", "m1", 60.2, 1)], window=(0.0, 250.0), faults=kill,
+                                 final={"m": (240.02, 4)})
+    assert told_at_end.unsent_at_beat_kill == [("m", 2)]
+    assert told_at_end.unsent == [("m", 3), ("m", 4)]
+    assert [m[:2] for m in told_at_end.missed] == [("m", 180.0), ("m", 240.0)]
+    told_later = minutely_audit([sent("m", "m1", 60.2, 1), sent("m", "m5", 300.1, 5)],
+                                window=(0.0, 310.0), faults=kill)
+    assert told_later.unsent_at_beat_kill == [("m", 2)]
+    assert told_later.unsent == [("m", 3), ("m", 4)]
+    assert [m[:2] for m in told_later.missed] == [("m", 180.0), ("m", 240.0)]
+    # An interval entry: two counts skipped across one kill, one is unsent.
+    every = entry_audit(every_2s(0.5, 2.6, 8.9, counts=[1, 2, 5]),
+                        faults=[(4.7, "kill-beat", 4.75)])
+    assert every.unsent_at_beat_kill == [("e", 3)] and every.unsent == [("e", 4)]
+
+
+def test_each_beat_a_fault_kills_may_take_one_unpublished_claim_with_it() -> None:
+    """Two kills between the published claims, or a freeze (it kills the active beat, and
+    the frozen one at its end: two beats that may have held the lock): two claims lost."""
+    sends = [sent("m", "m1", 60.2, 1), sent("m", "m4", 240.1, 4)]
+    two_kills = minutely_audit(sends, window=(0.0, 250.0), faults=[
+        (120.03, "kill-beat", 123.0), (180.05, "kill-beat", 183.0)])
+    assert two_kills.unsent_at_beat_kill == [("m", 2), ("m", 3)] and two_kills.violations == 0
+    freeze = minutely_audit(sends, window=(0.0, 250.0), faults=[(120.03, "freeze-beat", 190.0)])
+    assert freeze.unsent_at_beat_kill == [("m", 2), ("m", 3)] and freeze.violations == 0
+
+
+def test_a_claim_made_after_every_kill_and_long_before_the_stop_was_not_lost_at_a_kill() -> None:
+    """The state at the end says the standby claimed minute 180 (count 2) and never published
+    it; the only kill (120.03) came before that claim and the fleet stopped 20 s after it: no
+    beat died holding it, so it is unsent, and minutes 120 and 180 are missed. The standby's
+    catch-up claim of minute 120 made just before the stop (which stops beat too) is
+    accounted for."""
+    sends = [sent("m", "m1", 60.2, 1)]
+    kill = [(120.03, "kill-beat", 123.0)]
+    after_kill = minutely_audit(sends, window=(0.0, 200.0), faults=kill,
+                                final={"m": (180.02, 2)})
+    assert after_kill.unsent == [("m", 2)] and after_kill.unsent_at_beat_kill == []
+    assert [m[:2] for m in after_kill.missed] == [("m", 120.0), ("m", 180.0)]
+    at_stop = minutely_audit(sends, window=(0.0, 124.0), faults=kill, final={"m": (123.5, 2)})
+    assert at_stop.unsent_at_beat_kill == [("m", 2)] and at_stop.violations == 0
