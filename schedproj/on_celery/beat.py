@@ -300,7 +300,7 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         # are seen then even by a writer that does not set a stamp); on an idle tick a stamped
         # hook is called only when its stamp moved (DueChecks).
         probes, unreadable = e.checks.probe(snap.errors, e.lanes.lanes.knows,
-                                            fresh=bool(snap.changed))
+                                            fresh=bool(snap.changed), stamps=snap.got)
         # Re-read every tick until readable: an operator who deletes or fixes the bad value
         # with redis-cli marks nothing changed.
         e.lanes.broken = unreadable
@@ -432,9 +432,11 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
 
     def _snapshot(self, now: float, cursor: float | None) -> Snapshot:
         s, e = self.settings, self.engine
+        # The due checks' stamps ride with the read: the idle tick is one round trip.
         return e.rt.store.tick_snapshot(self.token, s.beat_lock_ttl_s, s.quarantine_s,
                                         cursor=cursor, now=now, always=e.lanes.reread(),
-                                        holder_seen_ms=self._holder_seen_ms(now))
+                                        holder_seen_ms=self._holder_seen_ms(now),
+                                        also_get=e.checks.keys)
 
     def _holder_seen_ms(self, now: float) -> int:
         """The server time this beat last saw another beat hold the lock, while that is less

@@ -82,9 +82,10 @@ class DueChecks:
     goes on, and the lane is unreadable until its hook succeeds again.
 
     A hook declared with a stamp (:class:`DueCheckStamp`) is called only when its answer may
-    have changed (:meth:`RememberedAnswer.holds`): the stamps are read in one request (MGET,
-    keys under the deployment's prefix, so one hash slot), before any hook is called, so a
-    write landing during a call sets the stamp again and the next tick calls the hook."""
+    have changed (:meth:`RememberedAnswer.holds`): the stamps (:attr:`keys`, under the
+    deployment's prefix, so in its hash slot) are read before any hook is called - beat reads
+    them with the tick's read, in its round trip - so a write landing during a call sets the
+    stamp again and the next tick calls the hook."""
 
     def __init__(self, hooks: list[tuple[str, DueCheck]], reporter: ErrorReporter, *,
                  stamps: Mapping[str, DueCheckStamp] | None = None,
@@ -97,20 +98,26 @@ class DueChecks:
             raise ValueError("stamped due checks need the Redis client their stamps are on")
         self.client = client
         self.stamp_keys = {lane: f"{prefix}:{stamp.key}" for lane, stamp in self.stamps.items()}
+        #: Every stamp's key, once (lanes may share a stamp): what a tick's read gets for
+        #: :meth:`probe`.
+        self.keys = sorted(set(self.stamp_keys.values()))
         self.clock = clock
         self.remembered: dict[str, RememberedAnswer] = {}
 
     def probe(self, errors: Mapping[str, str], known: Callable[[str], bool], *,
-              fresh: bool = False) -> tuple[dict[str, int], set[str]]:
+              fresh: bool = False, stamps: Mapping[str, str | None] | None = None,
+              ) -> tuple[dict[str, int], set[str]]:
         """Report the tick's unreadable records (``errors``), call the hooks of the readable
         lanes (a stamped one only when its remembered answer no longer holds; every one when
-        ``fresh``: a lane record changed in this tick's read). Returns the backlog each hook
-        reported, and the lanes beat cannot judge."""
+        ``fresh``: a lane record changed in this tick's read). ``stamps``: the value of each
+        of :attr:`keys`, read with the tick's read (None: read them now, one MGET). Returns
+        the backlog each hook reported, and the lanes beat cannot judge."""
         self.reporter.new_tick()
         unreadable = {lane for lane in errors if known(lane)}
         for lane, message in errors.items():
             self.reporter.report(lane, message)
-        stamps = self._read_stamps([name for name in self.stamps if name not in unreadable])
+        stamps = self._stamps_of([name for name in self.stamps if name not in unreadable],
+                                 stamps)
         probes: dict[str, int] = {}
         for name, hook in self.hooks:
             if name in unreadable:
@@ -142,14 +149,17 @@ class DueChecks:
         return remembered is not None and remembered.holds(stamp, self.clock(),
                                                            self.stamps[name].max_age_s)
 
-    def _read_stamps(self, lanes: list[str]) -> dict[str, str | None]:
-        """Each stamped lane's stamp, read in one MGET (several lanes may share a stamp)."""
+    def _stamps_of(self, lanes: list[str],
+                   read: Mapping[str, str | None] | None) -> dict[str, str | None]:
+        """Each stamped lane's stamp: from ``read`` (the tick's read got :attr:`keys`), else
+        read now in one MGET."""
         if not lanes or self.client is None:
             return {}
-        keys = sorted({self.stamp_keys[lane] for lane in lanes})
-        values = {key: None if value is None else str(value)
-                  for key, value in zip(keys, self.client.mget(keys), strict=True)}
-        return {lane: values[self.stamp_keys[lane]] for lane in lanes}
+        values: Mapping[str, object] = (
+            read if read is not None
+            else dict(zip(self.keys, self.client.mget(self.keys), strict=True)))
+        return {lane: None if (value := values.get(self.stamp_keys[lane])) is None
+                else str(value) for lane in lanes}
 
     def forget(self) -> None:
         """Drop every remembered answer: Redis may have lost state (a stamp key lost and set

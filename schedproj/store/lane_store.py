@@ -119,6 +119,9 @@ class Snapshot:
     broken: Mapping[str, str] = field(default_factory=dict)
     #: The schedule entries changed (``ENTRIES_CHANGED_MEMBER`` was in the changed set).
     entries_changed: bool = False
+    #: The string keys the caller asked to read with the tick (``tick_snapshot``'s
+    #: ``also_get``), each key's value (None: no such string).
+    got: Mapping[str, str | None] = field(default_factory=dict)
 
 
 def parse_states(raw: Mapping[str, str], hash_key: str,
@@ -299,14 +302,19 @@ class LaneStore:
 
     def tick_snapshot(self, beat_token: str, lock_ttl_s: float, quarantine_s: float, *,
                       cursor: float | None, now: float, always: Sequence[str] = (),
-                      holder_seen_ms: int = 0) -> Snapshot:
+                      holder_seen_ms: int = 0, also_get: Sequence[str] = ()) -> Snapshot:
         """Renew the beat lock, check the epoch and read what changed: the lanes marked
         changed since the last call and those whose next look in the due index lies in
         (``cursor``, ``now``] (every due lane when ``cursor`` is None), plus ``always``. One
         round trip, costing what changed: O(log N) when nothing did. More than
         :attr:`read_page` lanes changed or due: read on by pages (:meth:`_read_pages`), each
         call bounded, before this returns - the tick plans on the whole read, never on part.
-        ``holder_seen_ms``: ARGV[10] of ``lua/tick.lua`` (a vacant lock left after a loss)."""
+        ``holder_seen_ms``: ARGV[10] of ``lua/tick.lua`` (a vacant lock left after a loss).
+
+        ``also_get``: string keys (the due checks' stamps) read in the same round trip, right
+        after the script (``Snapshot.got``); with a read by pages, read again once the last
+        page is in, so they are never older than any record read. Keys under this store's
+        prefix: on a cluster, in the script's hash slot."""
         k = self.keys
         keys = [k.beat_lock, k.beat_fence, k.epoch, k.due, k.changed, k.lanes, k.lease,
                 k.paused, k.run_now, k.due_stamp, k.changed_stamp, k.changed_reading]
@@ -317,12 +325,18 @@ class LaneStore:
         # Script loads it on a NoScriptError and retries). After a wake, the wake list is
         # emptied in the same round trip, before the read: a run that ends after the DEL
         # wakes the next wait, and one that ended before it is in this read.
+        # The keys asked for ride in the same pipeline, after the script.
+        get = [("MGET", *also_get)] if also_get else []
+        got: list[Any] = []
         if self._wake_pending:
             self._wake_pending = False
-            deleted, (lock_reply, epoch_reply, read) = self._pipelined(
-                self._tick, keys, args, before=[("DEL", k.wake)])
+            deleted, (lock_reply, epoch_reply, read), *got = self._pipelined(
+                self._tick, keys, args, before=[("DEL", k.wake)], after=get)
             if isinstance(deleted, Exception):
                 raise deleted  # a wake list of the wrong type: beat says which key
+        elif get:
+            (lock_reply, epoch_reply, read), *got = self._pipelined(self._tick, keys, args,
+                                                                    after=get)
         else:
             lock_reply, epoch_reply, read = self._tick(keys=keys, args=args)
         epoch = self._epoch_status(epoch_reply)
@@ -336,10 +350,16 @@ class LaneStore:
             self.read_pages = (len(read[1]),)
             if read[10]:
                 read = self._read_pages(beat_token, lock_ttl_s, now, read)
+                if get and int(read[0]) == 1:
+                    # After the last page: the first call's values are older than the pages.
+                    got = [self.client.mget(also_get)]
         if int(read[0]) != 1:
             return Snapshot(lock=replace(lock, held=False) if lock.held else lock, states={},
                             lease=None, epoch=epoch)
-        return self._parse_tick(lock, epoch, read)
+        if got and isinstance(got[0], Exception):
+            raise got[0]
+        return self._parse_tick(lock, epoch, read,
+                                dict(zip(also_get, got[0], strict=True)) if got else {})
 
     def _read_pages(self, beat_token: str, lock_ttl_s: float, now: float,
                     first: list[Any]) -> list[Any]:
@@ -400,7 +420,8 @@ class LaneStore:
         self._epoch_id = epoch.id or self._epoch_id
         return epoch
 
-    def _parse_tick(self, lock: LockStatus, epoch: EpochStatus, read: list[Any]) -> Snapshot:
+    def _parse_tick(self, lock: LockStatus, epoch: EpochStatus, read: list[Any],
+                    got: Mapping[str, str | None]) -> Snapshot:
         _, names, n_changed, values, scores, nxt, raw_lease, paused, forced, broken, _ = read
         entries_changed = ENTRIES_CHANGED_MEMBER in names[:int(n_changed)]
         if entries_changed:  # the marker is no lane: read it as the flag it is
@@ -435,7 +456,7 @@ class LaneStore:
                                 for lane, sc in zip(looked, scores, strict=True)},
                         next_look=float(nxt) if nxt not in ("", None) else None,
                         entries_changed=entries_changed,
-                        broken=dict(zip(broken[::2], broken[1::2], strict=True)))
+                        broken=dict(zip(broken[::2], broken[1::2], strict=True)), got=got)
 
     def heal_derived(self, beat_token: str, lanes: Sequence[str], *, rescore: bool) -> bool:
         """Rebuild the due index and the changed set and stamp both afresh (``tick_heal.lua``):

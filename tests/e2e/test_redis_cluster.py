@@ -567,10 +567,17 @@ def test_a_read_and_a_heal_by_pages_run_on_a_cluster(shared_cluster: LoopbackClu
         lay_out(client, keys, now)
     whole, paged = LaneStore(client, laid[0]), LaneStore(client, laid[1], read_page=PAGE)
     beat = uuid.uuid4().hex
-    one = whole.tick_snapshot(beat, 30.0, 0.0, cursor=None, now=now)
-    by_pages = paged.tick_snapshot(beat, 30.0, 0.0, cursor=None, now=now)
+    # The due checks' stamps ride with the read (in its pipeline, then after the last page):
+    # under the prefix, so in the script's slot.
+    stamps = [f"{keys.prefix}:app:stamp" for keys in laid]
+    for n, stamp in enumerate(stamps):
+        client.set(stamp, f"stamp {n}")
+    one = whole.tick_snapshot(beat, 30.0, 0.0, cursor=None, now=now, also_get=stamps[:1])
+    by_pages = paged.tick_snapshot(beat, 30.0, 0.0, cursor=None, now=now,
+                                   also_get=stamps[1:])
     assert len(paged.read_pages) >= 4 and at_most_a_page(paged.read_pages)
     assert comparable(by_pages, laid[1]) == comparable(one, laid[0])
+    assert (one.got, by_pages.got) == ({stamps[0]: "stamp 0"}, {stamps[1]: "stamp 1"})
     FamilyStore(client, laid[1]).add("fam", [f"m{i}" for i in range(3 * PAGE)])
     assert paged.heal_derived(beat, [], rescore=True)
     assert len(paged.heal_pages) >= 3 and at_most_a_page(paged.heal_pages[1:])

@@ -173,6 +173,31 @@ def test_a_lane_changed_between_pages_is_read_by_this_read_or_the_next(
     assert "lane-0150" in after.forced and after.scores["lane-0150"] == 0.0
 
 
+def test_the_keys_asked_for_are_read_with_the_read_and_after_its_last_page(
+        client: redis.Redis, keys: Keys) -> None:
+    """``also_get`` (beat's due-check stamps): read in the read's round trip; by pages, once
+    the last page is in, so no value is older than a record read (a stamp written while the
+    pages went is the one the tick sees, not the one before)."""
+    now, beat = time.time(), token()
+    lay_out(client, keys, now)
+    stamp, absent = f"{keys.prefix}:app:stamp", f"{keys.prefix}:app:never-written"
+    client.set(stamp, "before")
+    one = LaneStore(client, keys, read_page=10_000).tick_snapshot(
+        beat, TTL, 0.0, cursor=None, now=now, also_get=[stamp, absent])
+    assert one.got == {stamp: "before", absent: None}
+    paged = LaneStore(client, keys, read_page=PAGE)
+    written: list[str] = []
+
+    def write_stamp(n: int, due: bool) -> None:
+        written.append(f"written before page {n}")
+        client.set(stamp, written[-1])
+
+    interleaved(paged, write_stamp)
+    snap = paged.tick_snapshot(beat, TTL, 0.0, cursor=None, now=now, also_get=[stamp])
+    assert len(written) >= 3 and snap.got == {stamp: written[-1]}
+    assert paged.tick_snapshot(beat, TTL, 0.0, cursor=None, now=now).got == {}
+
+
 def test_a_beat_that_stops_mid_read_loses_no_changed_mark(client: redis.Redis,
                                                           keys: Keys) -> None:
     now = time.time()
