@@ -162,3 +162,31 @@ def test_a_slice_drops_no_mark_of_a_paged_read_left_unfinished(
         read |= set(snap.changed)
     assert {"aside1", "aside2", *lanes} <= read, read
     assert not any(m.startswith(STAMP_MEMBER) for m in read)
+
+
+def test_a_cycle_marks_every_declared_lane_and_member_of_every_family_a_bounded_slice_a_call(
+        client: redis.Redis, keys: Keys) -> None:
+    """The cycle's position carries over declared lanes and families of every size: its
+    slices together mark each lane, none holds more than the budget (plus what an SSCAN page
+    may add), and a slice makes at most 16 calls even over many small families."""
+    store, token = LaneStore(client, keys), uuid.uuid4().hex
+    assert store.tick_snapshot(token, 5.0, 0.0, cursor=None, now=time.time()).lock.held
+    declared = [f"lane{i}" for i in range(70)]
+    sizes = {"big": 400, "mid": 130, **{f"tiny{i:02d}": 1 for i in range(40)}}
+    families = FamilyStore(client, keys, list(sizes))
+    for family, n in sizes.items():
+        families.add(family, [f"k{i:03d}" for i in range(n)])
+    every = {*declared, *(member_lane(f, f"k{i:03d}") for f, n in sizes.items()
+                          for i in range(n))}
+    client.delete(keys.changed)
+    cycle, marked, budget = store.reconcile_cycle(), set(), 64
+    slices = 0
+    while not cycle.done:
+        assert store.reconcile_slice(token, declared, cycle, budget)
+        slices += 1
+        assert sum(cycle.pages) <= budget + budget // 2 and len(cycle.pages) <= 17, cycle.pages
+        marked |= client.smembers(keys.changed)
+        client.delete(keys.changed)
+        assert slices < 100
+    assert marked == every
+    assert slices >= len(every) // budget
