@@ -47,6 +47,9 @@ class TickInput:
     probes: Mapping[str, int] = field(default_factory=dict)
     #: Redis lost state a moment ago: dispatch nothing while earlier runs re-assert.
     quarantined: bool = False
+    #: The heavy lease or a pool's slot changed hands while the states were read (a run
+    #: ended between its record's read and the lease's): grant nothing this tick.
+    holds_moved: bool = False
     #: How long past its mark a light run still counts as in flight (beat: one lease TTL,
     #: the grace after which it records the run lost).
     inflight_grace_s: float = 0.0
@@ -125,6 +128,8 @@ def plan_tick(
                       pools=tick.pools, holders=tick.holders)
     if tick.quarantined:
         decision = quarantine(decision, tick.states, now)
+    elif tick.holds_moved:
+        decision = hold_grants(decision)
     deadline = now + start_deadline_s
     sends = {lane: _new_send(lane, task_id(lane), deadline) for lane in decision.dispatched}
     states = tick.states
@@ -209,6 +214,15 @@ def quarantine(decision: Decision, states: Mapping[str, LaneState], now: float) 
                    deferred=decision.deferred + held)
 
 
+def hold_grants(decision: Decision) -> Decision:
+    """The decision without its grants (the lease's winner, the pools' slots); its light
+    lanes still go. The tick read a run's record as in flight and its lease or slot as free
+    after the run ended in between: its lane looks due and not running, and granting on that
+    would run it again at once. The lanes stay due, unrecorded, for the next tick, which
+    reads the run's end (it marked the lane changed) with the lease as it is then."""
+    return replace(decision, winner=None, pool_grants=())
+
+
 def sched_changes(
     decision: Decision,
     states: Mapping[str, LaneState],
@@ -259,5 +273,5 @@ def _end_streaks_outside(views: Mapping[str, object], states: Mapping[str, LaneS
             changes[lane] = evolve(st.sched, deferral=None)
 
 
-__all__ = ["Missed", "Plan", "Send", "TickInput", "plan_tick", "quarantine", "record_misses",
-           "sched_changes"]
+__all__ = ["Missed", "Plan", "Send", "TickInput", "hold_grants", "plan_tick", "quarantine",
+           "record_misses", "sched_changes"]

@@ -56,7 +56,7 @@ from schedproj.settings import Settings
 from schedproj.store.entry_store import EntryStore
 from schedproj.store.families import FamilyStore
 from schedproj.store.lane_store import ReconcileCycle, Snapshot
-from schedproj.store.lease import PoolSlots, holders
+from schedproj.store.lease import PoolSlots, holders, holders_moved
 from schedproj.telemetry import metrics
 from schedproj.telemetry.sentry import crons_exclusions, crons_schedule, init_sentry
 
@@ -330,6 +330,7 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
                 TickInput(states=states, lease=snap.lease, paused=snap.paused,
                           forced=snap.forced, unreadable=unreadable, probes=probes,
                           quarantined=snap.epoch.quarantine_left_s > 0,
+                          holds_moved=snap.holds_moved or self._slots_moved(snap, slots),
                           inflight_grace_s=s.lease_ttl_s,
                           pools=e.lanes.lanes.pools if e.slots else None,
                           holders=holders(slots)),
@@ -370,10 +371,19 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
     def _read_slots(self, needed: bool) -> dict[str, list[LeaseView | None]]:
         """Each pool's slot leases (none when no pool beyond the default is declared, or not
         ``needed``), read after the lane records: a run ending in between reads as running on
-        a free slot, and its record changed, so nothing is marked lost. A tick with no lane in
-        focus needs them only if it plans (no lapsed slot run to judge otherwise): the idle
-        tick stays one round trip with pools declared."""
+        a free slot, and its record changed, so nothing is marked lost - and nothing granted
+        (:meth:`_slots_moved`). A tick with no lane in focus needs them only if it plans (no
+        lapsed slot run to judge otherwise): the idle tick stays one round trip with pools
+        declared."""
         return self.engine.slots.read() if needed and self.engine.slots else {}
+
+    def _slots_moved(self, snap: Snapshot,
+                     slots: dict[str, list[LeaseView | None]]) -> bool:
+        """Did a pool's slot change hands between the tick's read and the read of the slots
+        (``slots``, this tick's)? A run that ended in between reads as in flight (its record)
+        on a free slot: its lane looks due and not running. The read got the slots just
+        before it, in its round trip (``Snapshot.watched``)."""
+        return bool(slots) and holders_moved(snap.watched, self.engine.slots.last_read)
 
     def _publish_pressure(self, plan: Plan, snap: Snapshot,
                           slots: dict[str, list[LeaseView | None]], *, now: float) -> None:
@@ -436,7 +446,8 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         return e.rt.store.tick_snapshot(self.token, s.beat_lock_ttl_s, s.quarantine_s,
                                         cursor=cursor, now=now, always=e.lanes.reread(),
                                         holder_seen_ms=self._holder_seen_ms(now),
-                                        also_get=e.checks.keys)
+                                        also_get=e.checks.keys,
+                                        watch=e.slots.lease_keys if e.slots else ())
 
     def _holder_seen_ms(self, now: float) -> int:
         """The server time this beat last saw another beat hold the lock, while that is less

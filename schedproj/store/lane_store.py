@@ -19,7 +19,7 @@ from schedproj.core.errors import StateError
 from schedproj.core.records import LaneState, LeaseView, RunRecord, SchedRecord, decode, encode
 from schedproj.store import scripts
 from schedproj.store.connection import socket_timeout_of
-from schedproj.store.lease import parse_lease
+from schedproj.store.lease import holders_moved, parse_lease
 from schedproj.store.protocol import (
     ENTRIES_CHANGED_MEMBER,
     EPOCH_VERSION,
@@ -122,6 +122,14 @@ class Snapshot:
     #: The string keys the caller asked to read with the tick (``tick_snapshot``'s
     #: ``also_get``), each key's value (None: no such string).
     got: Mapping[str, str | None] = field(default_factory=dict)
+    #: The heavy lease changed hands while the read went by pages (a run ended, or was
+    #: granted, between its first call and its last): records read by earlier pages may say
+    #: in flight a run the lease, read by the last page, no longer names. No single read shows
+    #: that; beat grants nothing on such a read (the lanes that changed are read next tick).
+    holds_moved: bool = False
+    #: ``tick_snapshot``'s ``watch`` keys (the pool slots' leases) as read just before the
+    #: read, in its round trip: key -> text (None: no such key).
+    watched: Mapping[str, str | None] = field(default_factory=dict)
 
 
 def parse_states(raw: Mapping[str, str], hash_key: str,
@@ -302,7 +310,8 @@ class LaneStore:
 
     def tick_snapshot(self, beat_token: str, lock_ttl_s: float, quarantine_s: float, *,
                       cursor: float | None, now: float, always: Sequence[str] = (),
-                      holder_seen_ms: int = 0, also_get: Sequence[str] = ()) -> Snapshot:
+                      holder_seen_ms: int = 0, also_get: Sequence[str] = (),
+                      watch: Sequence[str] = ()) -> Snapshot:
         """Renew the beat lock, check the epoch and read what changed: the lanes marked
         changed since the last call and those whose next look in the due index lies in
         (``cursor``, ``now``] (every due lane when ``cursor`` is None), plus ``always``. One
@@ -310,6 +319,9 @@ class LaneStore:
         :attr:`read_page` lanes changed or due: read on by pages (:meth:`_read_pages`), each
         call bounded, before this returns - the tick plans on the whole read, never on part.
         ``holder_seen_ms``: ARGV[10] of ``lua/tick.lua`` (a vacant lock left after a loss).
+        ``watch``: lease keys (the pool slots') read just before the script, in its round trip
+        (``Snapshot.watched``): a caller that reads them again after the read knows whether a
+        run ended in between (its record may say in flight, its slot free).
 
         ``also_get``: string keys (the due checks' stamps) read in the same round trip, right
         after the script (``Snapshot.got``); with a read by pages, read again once the last
@@ -322,23 +334,10 @@ class LaneStore:
                 EPOCH_VERSION, "-inf" if cursor is None else repr(cursor), repr(now),
                 STAMP_MEMBER, self.read_page, holder_seen_ms, *always]
         # One script call: tick.lua renews the lock, checks the epoch and reads (redis-py's
-        # Script loads it on a NoScriptError and retries). After a wake, the wake list is
-        # emptied in the same round trip, before the read: a run that ends after the DEL
-        # wakes the next wait, and one that ended before it is in this read.
-        # The keys asked for ride in the same pipeline, after the script.
+        # Script loads it on a NoScriptError and retries). The keys asked for ride in the
+        # same pipeline, after the script.
         get = [("MGET", *also_get)] if also_get else []
-        got: list[Any] = []
-        if self._wake_pending:
-            self._wake_pending = False
-            deleted, (lock_reply, epoch_reply, read), *got = self._pipelined(
-                self._tick, keys, args, before=[("DEL", k.wake)], after=get)
-            if isinstance(deleted, Exception):
-                raise deleted  # a wake list of the wrong type: beat says which key
-        elif get:
-            (lock_reply, epoch_reply, read), *got = self._pipelined(self._tick, keys, args,
-                                                                    after=get)
-        else:
-            lock_reply, epoch_reply, read = self._tick(keys=keys, args=args)
+        (lock_reply, epoch_reply, read), watched, got = self._tick_call(keys, args, watch, get)
         epoch = self._epoch_status(epoch_reply)
         ok, value, event = lock_reply
         lock = (LockStatus(held=True, fence=int(value), event=str(event)) if int(ok) == 1
@@ -346,10 +345,14 @@ class LaneStore:
         if str(event) == "bad-fence":
             return Snapshot(lock=lock, states={}, lease=None, epoch=epoch,
                             broken={k.beat_fence: "not-an-integer"})
+        moved = False
         if int(read[0]) == 1:
             self.read_pages = (len(read[1]),)
             if read[10]:
+                first_lease = read[6] or None  # the first call reads the lease too
                 read = self._read_pages(beat_token, lock_ttl_s, now, read)
+                moved = int(read[0]) == 1 and holders_moved({k.lease: first_lease},
+                                                            {k.lease: read[6] or None})
                 if get and int(read[0]) == 1:
                     # After the last page: the first call's values are older than the pages.
                     got = [self.client.mget(also_get)]
@@ -358,8 +361,29 @@ class LaneStore:
                             lease=None, epoch=epoch)
         if got and isinstance(got[0], Exception):
             raise got[0]
-        return self._parse_tick(lock, epoch, read,
+        snap = self._parse_tick(lock, epoch, read,
                                 dict(zip(also_get, got[0], strict=True)) if got else {})
+        return replace(snap, holds_moved=moved, watched=watched) if moved or watch else snap
+
+    def _tick_call(self, keys: Sequence[str], args: Sequence[Any], watch: Sequence[str],
+                   get: Sequence[tuple[Any, ...]],
+                   ) -> tuple[list[Any], dict[str, str | None], list[Any]]:
+        """``tick.lua``'s reply, ``watch``'s values read just before it and ``get``'s replies
+        after it, in one round trip. After a wake, the wake list is emptied in the same round
+        trip, before the read: a run that ends after the DEL wakes the next wait, and one that
+        ended before it is in this read."""
+        before: list[tuple[Any, ...]] = [("MGET", *watch)] if watch else []
+        if self._wake_pending:
+            self._wake_pending = False
+            before.append(("DEL", self.keys.wake))
+        if not before and not get:
+            return self._tick(keys=keys, args=args), {}, []
+        replies = self._pipelined(self._tick, keys, args, before=before, after=get)
+        for reply in replies[:len(before)]:
+            if isinstance(reply, Exception):
+                raise reply  # a wake list of the wrong type: beat says which key
+        watched = dict(zip(watch, replies[0], strict=True)) if watch else {}
+        return replies[len(before)], watched, replies[len(before) + 1:]
 
     def _read_pages(self, beat_token: str, lock_ttl_s: float, now: float,
                     first: list[Any]) -> list[Any]:
@@ -376,8 +400,10 @@ class LaneStore:
         read, which beat's guarded writes already allow for), and a lane whose score moved
         to a place this read had passed is read then. A lane read twice keeps its later
         record. The lease and the operator sets are read by the last page, after every
-        record: a run that ended meanwhile reads as running with its lease free (never
-        granted twice: the lease is acquired atomically), as ``_read_slots`` relies on."""
+        record: a heavy run that ended meanwhile reads as in flight with its lease free - a
+        state no single read shows, in which its lane looks due and not running. So the
+        caller compares the lease the first call read with the last page's
+        (``Snapshot.holds_moved``) and beat grants nothing on a read they differ in."""
         records: dict[str, tuple[Any, Any, Any]] = {}
         changed: dict[str, None] = {}
 

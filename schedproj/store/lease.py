@@ -405,6 +405,8 @@ class PoolSlots:
         self.declared_ever: dict[str, int] | None = None
         #: The slots past this beat's declaration that runs may still hold.
         self.retired_keys: list[Keys] = []
+        #: Each slot's lease text as the last :meth:`read` found it (lease key -> text).
+        self.last_read: dict[str, str | None] = {}
         self._declare = scripts.register(client, "pools_declare")
 
     def __bool__(self) -> bool:
@@ -431,6 +433,11 @@ class PoolSlots:
             if name != DEFAULT_POOL
             for i in range(self.pools[name].slots if name in self.pools else 0, count)]
 
+    @property
+    def lease_keys(self) -> list[str]:
+        """Every slot's lease key :meth:`read` reads (known once the pool is declared)."""
+        return [k.lease for k in self.slot_keys + self.retired_keys]
+
     def read(self) -> dict[str, list[LeaseView | None]]:
         """Per pool, each slot's lease (None: free), then the leases of the slots past its
         declaration that runs still hold (a pool no longer declared: those alone). A slot
@@ -443,6 +450,8 @@ class PoolSlots:
         pipe.mget([k.lease for k in every])
         pipe.hgetall(self.keys.pools)
         raws, stored = pipe.execute()
+        self.last_read = {k.lease: None if raw is None else _text(raw)
+                          for k, raw in zip(every, raws, strict=True)}
         ever = {_text(k): _text(v) for k, v in stored.items()}
         known = self.declared_ever or {}
         if ever != {k: str(v) for k, v in known.items()} or (
@@ -485,6 +494,25 @@ def free_slots(leases: Sequence[LeaseView | None]) -> list[int]:
     return [i for i, lease in enumerate(leases) if lease is None]
 
 
+def holder_of(raw: str | None, key: str) -> str | None:
+    """Who holds a lease or a slot, by its stored text: the grant's token (None: free). A
+    run's start or re-assert rewrites the text, never the token, and no token is granted twice,
+    so two reads naming the same holder saw no run end and no grant in between. Text that is
+    no lease stands for itself."""
+    try:
+        lease = parse_lease(raw, key)
+    except StateError:
+        return raw
+    return None if lease is None else lease.token
+
+
+def holders_moved(before: Mapping[str, str | None], after: Mapping[str, str | None]) -> bool:
+    """Did any lease or slot in ``after`` (key -> stored text) change hands since ``before``
+    read it? A key ``before`` did not read counts as changed: nothing says it did not."""
+    return any(key not in before or holder_of(before[key], key) != holder_of(raw, key)
+               for key, raw in after.items())
+
+
 def parse_lease(raw: str | None, key: str) -> LeaseView | None:
     """Decode the lease record (written by Lua, so numbers may come back as floats)."""
     if raw is None:
@@ -500,5 +528,5 @@ def parse_lease(raw: str | None, key: str) -> LeaseView | None:
 
 
 __all__ = ["UNREADABLE_SLOT", "Grant", "HeavyLease", "Holder", "OperatorRequest", "PoolSlots",
-           "Renewal", "RunMark", "SlotGroup", "StartReply", "free_slots", "holders",
-           "parse_lease"]
+           "Renewal", "RunMark", "SlotGroup", "StartReply", "free_slots", "holder_of",
+           "holders", "holders_moved", "parse_lease"]
