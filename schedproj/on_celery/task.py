@@ -19,7 +19,7 @@ from typing import Any
 
 from billiard.exceptions import WorkerLostError
 from celery import Task
-from celery.exceptions import TimeLimitExceeded
+from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 
 from schedproj.core import defaults, lifecycle
 from schedproj.core.dueindex import due_at
@@ -31,7 +31,7 @@ from schedproj.core.records import LaneState, LeaseView, Outcome, RunRecord, enc
 
 # Imported for its worker_ready hook: a restarted worker frees its dead predecessor's lease.
 from schedproj.on_celery import recovery
-from schedproj.on_celery.expected import log_failure
+from schedproj.on_celery.expected import EXPECTED_REDIS_FAILURES, log_failure
 from schedproj.on_celery.keepalive import LeaseRenewer, RunHeartbeat
 from schedproj.on_celery.messages import LEASE_KWARG, Dispatch, pop_dispatch, slots_of
 from schedproj.on_celery.run_context import RunContext, current, current_run, member
@@ -289,11 +289,21 @@ class LaneTask(Task):  # type: ignore[misc]
     def _skip(self, rt: Runtime, task_id: str, reason: str) -> dict[str, Any]:
         logger.warning("lane %s: skipped task %s (%s); nothing ran", self.lane_name, task_id,
                        reason)
-        rt.store.count(counter_field(CounterKind.SKIPS, self.lane_name))
-        # Only the outcome fields change, in one Lua step: a run of this lane finishing at the
-        # same moment elsewhere must not have its record rolled back.
-        rt.store.mark_skipped(self.lane_name, reason, wake_message=f"{self.lane_name}:skipped",
-                              task_id=task_id)
+        try:
+            rt.store.count(counter_field(CounterKind.SKIPS, self.lane_name))
+            # Only the outcome fields change, in one Lua step: a run of this lane finishing at
+            # the same moment elsewhere must not have its record rolled back.
+            rt.store.mark_skipped(self.lane_name, reason,
+                                  wake_message=f"{self.lane_name}:skipped", task_id=task_id)
+        except SoftTimeLimitExceeded:
+            # The writes outlasted the task's soft time limit (Redis failing over or paused):
+            # nothing ran, so there is nothing to clean up; beat sees the dispatch over when
+            # its start deadline passes.
+            logger.warning("lane %s: the skip of task %s was not recorded: Redis took no "
+                           "write within the task's soft time limit", self.lane_name, task_id)
+        except EXPECTED_REDIS_FAILURES as exc:
+            log_failure(logger, exc, "lane %s: the skip of task %s was not recorded",
+                        self.lane_name, task_id)
         return {"outcome": Outcome.SKIPPED.value, "reason": reason}
 
     def _run(self, rt: Runtime, ctx: RunContext, before: RunRecord | None, token: str,
