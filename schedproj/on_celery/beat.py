@@ -424,6 +424,9 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
             self._go_standby(f"the beat fence {self.rt.keys.beat_fence} is not a sane integer "
                              "(see the error above)")
             return None
+        if snap.lock.event == "vanished":
+            self._vanished_mid_read()
+            return None
         if not snap.lock.held:
             self.memory.reset()
             self._go_standby(self._standby_reason(snap))
@@ -439,6 +442,17 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         if not self.active:
             self._activate(snap, now)
         return snap
+
+    def _vanished_mid_read(self) -> None:
+        """The lock vanished between two pages of this beat's read: Redis lost its state
+        (a restart, a failover), and no other beat had taken the lock. No lock taken by
+        another, so this beat does not stand by: it keeps what it remembers and stays the
+        beat that was active, so its next tick takes the vacant lock as current and puts back
+        what Redis lost (``_reread_all``), as a loss seen by one call is. Standbys that saw it
+        hold the lock leave the vacant lock to it meanwhile (``lua/tick.lua``). Nothing is
+        planned on the part read."""
+        logger.warning("beat %s: the beat lock vanished during the tick's read (Redis lost "
+                       "its state?); taking it back at the next tick", self.token[:8])
 
     def _snapshot(self, now: float, cursor: float | None) -> Snapshot:
         s, e = self.settings, self.engine

@@ -67,6 +67,7 @@ class LockStatus:
     fence: int = 0
     event: str = ""  # acquired | renewed | held | replaced-garbage | bad-fence
     #                  | deferred-after-loss (not held: left to the beat seen holding it)
+    #                  | vanished (held at a read's first call, no beat's at a later page)
     holder: str | None = None
 
 
@@ -130,6 +131,19 @@ class Snapshot:
     #: ``tick_snapshot``'s ``watch`` keys (the pool slots' leases) as read just before the
     #: read, in its round trip: key -> text (None: no such key).
     watched: Mapping[str, str | None] = field(default_factory=dict)
+
+
+def lost_mid_read(lock: LockStatus, read: list[Any]) -> LockStatus:
+    """The lock as a read that did not complete leaves it (``read``: ``{0}``, or a page's
+    ``{0, holder}``). A lock gone by a later page with no holder vanished (Redis lost its
+    state): no other beat took over, and this beat still holds what it remembers."""
+    if not lock.held:
+        return lock
+    if len(read) < 2:
+        return replace(lock, held=False)
+    holder = str(read[1])
+    return (LockStatus(held=False, event="vanished") if not holder
+            else LockStatus(held=False, holder=holder, event="held"))
 
 
 def parse_states(raw: Mapping[str, str], hash_key: str,
@@ -357,8 +371,7 @@ class LaneStore:
                     # After the last page: the first call's values are older than the pages.
                     got = [self.client.mget(also_get)]
         if int(read[0]) != 1:
-            return Snapshot(lock=replace(lock, held=False) if lock.held else lock, states={},
-                            lease=None, epoch=epoch)
+            return Snapshot(lock=lost_mid_read(lock, read), states={}, lease=None, epoch=epoch)
         if got and isinstance(got[0], Exception):
             raise got[0]
         snap = self._parse_tick(lock, epoch, read,
@@ -389,7 +402,8 @@ class LaneStore:
                     first: list[Any]) -> list[Any]:
         """The rest of a read too large for one call (``first``: ``tick_read.lua``'s reply,
         with its continuation): ``tick_page.lua`` a page a call until the read is complete,
-        merged into one reply of ``tick_read.lua``'s shape ({0} if the lock was lost).
+        merged into one reply of ``tick_read.lua``'s shape ({0, holder} if the lock was
+        lost: ``lost_mid_read``).
 
         Why pages read one after another plan as one read: every writer other than beat
         (a run's end, a lost-run mark, an operator's pause or run-now, ``touch``) marks the
@@ -425,7 +439,7 @@ class LaneStore:
                 *more])
             if int(page[0]) != 1:
                 self.read_pages = tuple(counts)
-                return [0]
+                return list(page)  # {0, holder}
             _, names, n_changed, values, scores, more, page_broken, *tail = page
             take(names, n_changed, values, scores)
             broken += page_broken

@@ -237,6 +237,31 @@ def test_a_beat_that_stops_mid_read_loses_no_changed_mark(client: redis.Redis,
     assert "changed" not in str(later.broken)
 
 
+@pytest.mark.parametrize("taken_by", ["", "another-beat"])
+def test_a_lock_gone_mid_read_says_whether_it_vanished_or_another_beat_took_it(
+        client: redis.Redis, keys: Keys, taken_by: str) -> None:
+    """A later page finds the lock no longer this beat's: vanished (no holder: Redis lost its
+    state, beat keeps its memory and takes the lock back) is told from taken (another beat's
+    token: beat stands by), which the read said alike before."""
+    now = time.time()
+    lay_out(client, keys, now)
+    store = LaneStore(client, keys, read_page=PAGE)
+
+    def lock_goes(n: int, due: bool) -> None:
+        if n == 2:
+            client.delete(keys.beat_lock)
+            if taken_by:
+                client.set(keys.beat_lock, taken_by, px=int(TTL * 1000))
+
+    calls = interleaved(store, lock_goes)
+    snap = store.tick_snapshot(token(), TTL, 0.0, cursor=None, now=now)
+    assert len(calls) == 2 and not snap.lock.held and not snap.states
+    if taken_by:
+        assert (snap.lock.event, snap.lock.holder) == ("held", taken_by)
+    else:
+        assert (snap.lock.event, snap.lock.holder) == ("vanished", None)
+
+
 @pytest.mark.parametrize("rescore", [True, False])
 def test_a_heal_puts_a_family_back_a_page_a_call_and_never_a_member_removed_meanwhile(
         client: redis.Redis, keys: Keys, rescore: bool) -> None:

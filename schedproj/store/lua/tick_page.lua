@@ -10,8 +10,11 @@
 -- ARGV[6] changed cursor ('': no set kept aside; 'end': scanned, delete it at the end; else
 -- the SSCAN cursor), ARGV[7...] the due continuation (member, score pairs; none: no more due)
 -- Returns {1, names, n changed, values, scores, more, broken[, next look, lease, paused,
--- run-now]} (the last four when more is {}: the read is complete) or {0}.
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0} end
+-- run-now]} (the last four when more is {}: the read is complete), or {0, holder} when the
+-- lock is no longer this beat's: holder '' when no beat holds it (it vanished: Redis lost
+-- its state mid-read, and no other beat took over), else the holder's token.
+local holder = redis.call('GET', KEYS[1])
+if holder ~= ARGV[1] then return {0, holder or ''} end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 local STAMP = ARGV[4]
 local PAGE = tonumber(ARGV[5])
