@@ -572,12 +572,16 @@ def test_a_read_and_a_heal_by_pages_run_on_a_cluster(shared_cluster: LoopbackClu
     stamps = [f"{keys.prefix}:app:stamp" for keys in laid]
     for n, stamp in enumerate(stamps):
         client.set(stamp, f"stamp {n}")
+    # So do the pool slots' leases beat compares with its read of the slots (before it).
+    slots = [laid[1].slot("gpu", i).lease for i in range(2)]
+    client.set(slots[0], "a slot's lease")
     one = whole.tick_snapshot(beat, 30.0, 0.0, cursor=None, now=now, also_get=stamps[:1])
     by_pages = paged.tick_snapshot(beat, 30.0, 0.0, cursor=None, now=now,
-                                   also_get=stamps[1:])
+                                   also_get=stamps[1:], watch=slots)
     assert len(paged.read_pages) >= 4 and at_most_a_page(paged.read_pages)
     assert comparable(by_pages, laid[1]) == comparable(one, laid[0])
     assert (one.got, by_pages.got) == ({stamps[0]: "stamp 0"}, {stamps[1]: "stamp 1"})
+    assert by_pages.watched == {slots[0]: "a slot's lease", slots[1]: None}
     FamilyStore(client, laid[1]).add("fam", [f"m{i}" for i in range(3 * PAGE)])
     assert paged.heal_derived(beat, [], rescore=True)
     assert len(paged.heal_pages) >= 3 and at_most_a_page(paged.heal_pages[1:])
