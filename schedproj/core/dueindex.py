@@ -10,8 +10,9 @@ says which of them the planner must see now.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from schedproj.core.deferrals import LEASE_WAITS
 from schedproj.core.due import NEVER, due_at
@@ -19,6 +20,9 @@ from schedproj.core.lanes import LaneSpec
 from schedproj.core.pools import DEFAULT_POOL
 from schedproj.core.records import LaneState, LeaseView, SchedRecord
 from schedproj.core.views import is_in_flight
+
+if TYPE_CHECKING:  # the worker files due times through this module: not the planner's imports
+    from schedproj.core.planner import Plan
 
 #: How often the active beat begins a reconcile cycle of the due index even when its stamps
 #: and the changed set's agree (seconds, ``Settings.derived_reconcile_s``): bounds how long any
@@ -37,10 +41,11 @@ RECONCILE_SLICE = 5000
 
 
 def next_look(spec: LaneSpec, state: LaneState, now: float, *, paused: bool = False,
-              forced: bool = False, grace_s: float = 0.0) -> float:
-    """When beat must look at the lane next: when it falls due (``core.due.due_at``), or, for
-    a light lane in flight, when its in-flight mark (plus ``grace_s``, see
-    ``views.is_in_flight``) or message expires (its end is a change anyway)."""
+              forced: bool = False, grace_s: float = 0.0, backlog: int | None = None) -> float:
+    """When beat must look at the lane next: when it falls due (``core.due.due_at``; with
+    ``backlog``, what its due check answered, else the record's), or, for a light lane in
+    flight, when its in-flight mark (plus ``grace_s``, see ``views.is_in_flight``) or message
+    expires (its end is a change anyway)."""
     if paused:
         return NEVER
     if forced:
@@ -50,7 +55,7 @@ def next_look(spec: LaneSpec, state: LaneState, now: float, *, paused: bool = Fa
         mark = None if run.running_until is None else run.running_until + grace_s
         ends = [t for t in (mark, sched.inflight_deadline) if t is not None]
         return max(now, min(ends)) if ends else now
-    return max(min(due_at(spec, state, now), NEVER), 0.0)
+    return max(min(due_at(spec, state, now, backlog), NEVER), 0.0)
 
 
 def waits_for_lease(state: LaneState) -> bool:
@@ -73,6 +78,19 @@ def full_holds(slots: Mapping[str, Sequence[LeaseView | None]]) -> dict[str, Hol
     return {pool: tuple((lease.token, lease.started_at) for lease in leases
                         if lease is not None)
             for pool, leases in slots.items() if leases and None not in leases}
+
+
+@dataclass(frozen=True)
+class Quiet:
+    """A lane beat reads every tick (a gate's blocker, a lane with a due check) as its last
+    planning left it: nothing to do. What it was planned on - its record, its due check's
+    answer, the heavy lease - and when, on those, it falls due or its message in flight
+    expires (``next_look`` with the answer)."""
+
+    state: LaneState
+    probe: int | None
+    lease_token: str | None
+    until: float
 
 
 @dataclass
@@ -98,6 +116,9 @@ class TickMemory:
     #: How many waiting lanes of each pool the last ``focus`` skipped (pools it skipped none
     #: of are left out): a publisher must not take a pool's skipped waiters for none.
     skipped: dict[str, int] = field(default_factory=dict)
+    #: The lanes read every tick whose last planning left them with nothing to do (``hush``),
+    #: skipped while nothing they were planned on changed (``quiet_now``).
+    quiet: dict[str, Quiet] = field(default_factory=dict)
 
     @property
     def due(self) -> set[str]:
@@ -112,7 +133,7 @@ class TickMemory:
     def reset(self) -> None:
         self.cursor, self.lease_token = None, None
         for part in (self.states, self.scores, self.active, self.waiting, self.waiting_of,
-                     self.holds, self.skipped):
+                     self.holds, self.skipped, self.quiet):
             part.clear()
 
     def learn(self, states: Mapping[str, LaneState], scores: Mapping[str, float | None],
@@ -175,6 +196,53 @@ class TickMemory:
                 self.skipped[pool] = skipped
         return focus, sum(self.skipped.values())
 
+    def quiet_now(self, lanes: Iterable[str], states: Mapping[str, LaneState],
+                  probes: Mapping[str, int], lease: LeaseView | None, now: float, *,
+                  planned: Collection[Collection[str]] = ()) -> dict[str, float]:
+        """The lanes among ``lanes`` (those read every tick) the planner would leave with
+        nothing to do now, each with when that may end (``Quiet.until``): planned last on
+        the same record (``states``, as read now), due-check answer (``probes``) and heavy
+        lease, left with nothing to do then, and neither due nor at their in-flight end by
+        ``now``. Planning them would decide what it decided: nothing for them (they are not
+        due), and what they tell other lanes only through a gate, whose consumer, if planned,
+        needs them planned too (the caller adds them back). ``planned``: lanes planned
+        whatever they were (their record, pause or run-now marked changed in this read;
+        unreadable)."""
+        token = lease.token if lease is not None else None
+        quiet: dict[str, float] = {}
+        for lane in lanes:
+            was = self.quiet.get(lane)
+            if (was is None or now >= was.until or was.lease_token != token
+                    or probes.get(lane) != was.probe or states.get(lane) != was.state
+                    or any(lane in them for them in planned)):
+                continue
+            quiet[lane] = was.until
+        return quiet
+
+    def hush(self, plan: Plan, lanes: Iterable[str], probes: Mapping[str, int],
+             lease: LeaseView | None, grace_s: float) -> None:
+        """After ``plan`` was carried out: remember each of ``lanes`` (those read every tick)
+        it planned and left with nothing to do - viewed not due, no message, no record
+        change, no deferral or missed fire time begun, no run to judge lost - with when it
+        falls due on the same inputs (``next_look`` with its due check's answer and the
+        lease's in-flight grace ``grace_s``); forget the others it planned."""
+        token = lease.token if lease is not None else None
+        touched = ({d.lane for d in plan.new_deferrals} | {m.lane for m in plan.misses}
+                   | plan.sends.keys() | plan.changes.keys())
+        for lane in lanes:
+            state = plan.states.get(lane)
+            if state is None:
+                continue  # not planned this tick: what it was planned on still holds
+            self.quiet.pop(lane, None)
+            view = plan.decision.views.get(lane)
+            if (view is None or view.due or lane in touched
+                    or state.run.running_task_id is not None):
+                continue
+            probe = probes.get(lane)
+            until = next_look(view.spec, state, plan.now, grace_s=grace_s, backlog=probe)
+            if until > plan.now:
+                self.quiet[lane] = Quiet(state, probe, token, until)
+
     def settle(self, looks: Mapping[str, float], now: float, lease_token: str | None,
                waiting: Collection[str] | Mapping[str, str],
                states: Mapping[str, LaneState],
@@ -211,6 +279,21 @@ class TickMemory:
         return writes
 
 
+def gated_back(focus: set[str], quiet: dict[str, float],
+               spec: Callable[[str], LaneSpec | None]) -> None:
+    """Move into ``focus`` (the lanes to plan) each lane of ``quiet`` (``quiet_now``) a gate
+    of a lane in ``focus`` names, then those their own gates name: the planner judges a gate
+    on its blocker's view, and a blocker it does not see holds nothing back. Costs the lanes
+    in focus only while a quiet lane is left."""
+    todo = list(focus) if quiet else []
+    while todo and quiet:
+        found = spec(todo.pop())
+        for gate in found.gates if found is not None else ():
+            if quiet.pop(gate.blocker, None) is not None:
+                focus.add(gate.blocker)
+                todo.append(gate.blocker)
+
+
 def with_changes(states: Mapping[str, LaneState],
                  changes: Mapping[str, SchedRecord]) -> dict[str, LaneState]:
     """The states as they are once the plan's beat-owned records are written."""
@@ -220,5 +303,5 @@ def with_changes(states: Mapping[str, LaneState],
 
 #: ``NEVER`` and ``due_at`` (the due-time rule, ``core.due``) are named here too: the worker
 #: files a finished run's due time through the due index.
-__all__ = ["DERIVED_RECONCILE_S", "NEVER", "RECONCILE_SLICE", "Holds", "TickMemory", "due_at",
-           "full_holds", "next_look", "waits_for_lease", "with_changes"]
+__all__ = ["DERIVED_RECONCILE_S", "NEVER", "RECONCILE_SLICE", "Holds", "Quiet", "TickMemory",
+           "due_at", "full_holds", "gated_back", "next_look", "waits_for_lease", "with_changes"]

@@ -28,7 +28,7 @@ from celery.schedules import schedule as every
 
 from schedproj.core import defaults
 from schedproj.core.collector import cyclic_gc_paused
-from schedproj.core.dueindex import TickMemory, full_holds
+from schedproj.core.dueindex import NEVER, TickMemory, full_holds, gated_back
 from schedproj.core.entries import RECHECK_S
 from schedproj.core.errors import BeatLockLost
 from schedproj.core.lanes import queue_for
@@ -146,6 +146,9 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.token = uuid.uuid4().hex
         self.active = False
+        #: The lanes read every tick this tick left out as quiet, each with when it falls due
+        #: on what it was last planned on (``TickMemory.quiet_now``).
+        self._quiet: dict[str, float] = {}
         #: When this beat last read Redis holding the lock (its memory is that old).
         self._last_read_at = 0.0
         #: When this beat last saw another beat hold the lock, by its own clock and by the
@@ -311,7 +314,7 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         if snap.epoch.quarantine_left_s == 0:  # a run lost in a state loss may re-assert
             # Before this tick dispatches: a new run of the lane must not end first.
             e.recovery.record_vanished_run(snap, now)
-        states, slots = self._focus(snap)
+        states, slots = self._focus(snap, probes, unreadable, now)
         if snap.epoch.quarantine_left_s == 0:  # records lost in a state loss can't be judged
             # Before dispatching: a new run of the lane, started within milliseconds of its
             # message, would replace the dead run's mark before this could record it.
@@ -325,18 +328,10 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
             next_look = snap.next_look
         else:
             slots = slots if states or e.memory.waits_in_pools else self._read_slots(True)
-            plan = plan_tick(
-                [e.lanes.specs[lane] for lane in states],
-                TickInput(states=states, lease=snap.lease, paused=snap.paused,
-                          forced=snap.forced, unreadable=unreadable, probes=probes,
-                          quarantined=snap.epoch.quarantine_left_s > 0,
-                          holds_moved=snap.holds_moved or self._slots_moved(snap, slots),
-                          inflight_grace_s=s.lease_ttl_s,
-                          pools=e.lanes.lanes.pools if e.slots else None,
-                          holders=holders(slots)),
-                now, profile=s.profile, policy=s.policy, start_deadline_s=s.start_deadline_s,
-                task_id=lambda lane: str(uuid.uuid4()))
-            plan, next_look = e.dispatcher.dispatch(plan, snap, slots)
+            plan, next_look = self._plan(snap, states, slots, probes, unreadable, now)
+        # A lane left out as quiet is looked at when it falls due on what it was planned on.
+        next_look = min((t for t in (next_look, *self._quiet.values())
+                         if t is not None and t < NEVER), default=None)
         # The app's schedule entries, in the same tick as the light lanes: never behind heavy.
         entries_look = e.entries.tick(now, snap.entries_changed)
         if entries_look is not None:
@@ -349,19 +344,55 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         self._refusal_said = ""
         return interval
 
-    def _focus(self, snap: Snapshot) -> tuple[dict[str, LaneState],
-                                              dict[str, list[LeaseView | None]]]:
+    def _plan(self, snap: Snapshot, states: dict[str, LaneState],
+              slots: dict[str, list[LeaseView | None]], probes: dict[str, int],
+              unreadable: set[str], now: float) -> tuple[Plan, float | None]:
+        """Plan the lanes in ``states`` and carry the plan out; remember which lanes read
+        every tick it left with nothing to do (``TickMemory.hush``). Returns the plan carried
+        out and the next look after now."""
+        e, s = self.engine, self.settings
+        plan = plan_tick(
+            [e.lanes.specs[lane] for lane in states],
+            TickInput(states=states, lease=snap.lease, paused=snap.paused,
+                      forced=snap.forced, unreadable=unreadable, probes=probes,
+                      quarantined=snap.epoch.quarantine_left_s > 0,
+                      holds_moved=snap.holds_moved or self._slots_moved(snap, slots),
+                      inflight_grace_s=s.lease_ttl_s,
+                      pools=e.lanes.lanes.pools if e.slots else None,
+                      holders=holders(slots)),
+            now, profile=s.profile, policy=s.policy, start_deadline_s=s.start_deadline_s,
+            task_id=lambda lane: str(uuid.uuid4()))
+        plan, next_look = e.dispatcher.dispatch(plan, snap, slots)
+        e.memory.hush(plan, e.lanes.always, probes, snap.lease, s.lease_ttl_s)
+        return plan, next_look
+
+    def _focus(self, snap: Snapshot, probes: dict[str, int], unreadable: set[str],
+               now: float) -> tuple[dict[str, LaneState], dict[str, list[LeaseView | None]]]:
         """The lanes to plan (``TickMemory.focus``) with their states, and the slot leases.
         The slots are read first when a lane waits for a pool's slots: whether its waiters
-        are skipped depends on them."""
+        are skipped depends on them. The lanes read every tick are left out while quiet
+        (``TickMemory.quiet_now``: the REM chain's due-check lanes on an idle tick), unless
+        a gate of a lane planned names them."""
         e = self.engine
         first = e.memory.waits_in_pools
         slots = self._read_slots(needed=first)
         pressing = e.pool_pressure.pressing()
-        focus, _ = e.memory.focus((lane for lane in snap.looked if lane in snap.states),
-                                  snap.lease, e.lanes.always, slots if first else None,
+        quiet = e.memory.quiet_now(e.lanes.always, snap.states, probes, snap.lease, now,
+                                   planned=(snap.changed, snap.paused, snap.forced, unreadable))
+        # The lanes read every tick are in ``looked`` too: left out there as well.
+        focus, _ = e.memory.focus((lane for lane in snap.looked
+                                   if lane in snap.states and lane not in quiet),
+                                  snap.lease, [lane for lane in e.lanes.always
+                                               if lane not in quiet],
+                                  slots if first else None,
                                   replan={pressing[lane] for lane in snap.looked
                                           if lane in pressing})
+        # (One focus takes in anyway, due in memory or holding the lease, is planned.)
+        self._quiet = {lane: until for lane, until in quiet.items() if lane not in focus}
+        gated_back(focus, self._quiet, e.lanes.spec)
+        for lane in self._quiet:
+            if lane not in e.memory.due:  # as planning it would leave it: not due, forgotten
+                e.memory.forget(lane)
         states = {lane: st for lane in focus
                   if (st := e.memory.states.get(lane)) is not None and e.lanes.spec(lane)}
         if not first:
