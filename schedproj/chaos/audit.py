@@ -11,7 +11,7 @@ import itertools
 import json
 import math
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +76,11 @@ def entry_sends_key(prefix: str) -> str:
 def entry_runs_key(prefix: str) -> str:
     """Audit-Redis list of the entry messages a worker ran."""
     return f"{prefix}:entry-runs"
+
+
+#: A fault's time as the lane audit counts it: (from, to, the lanes it can delay); from its
+#: start to the end of the recovery it needs.
+Disruption = tuple[float, float, Collection[str]]
 
 
 @dataclass(frozen=True)
@@ -168,7 +173,7 @@ def runs_from_journal(entries: Iterable[Mapping[str, Any]]) -> list[Run]:
 def audit(journal: Iterable[Mapping[str, Any]], dispatches: Iterable[Mapping[str, Any]], *,
           due_bounds_s: Mapping[str, float], window: tuple[float, float],
           ledger: Iterable[Mapping[str, Any]] | None = None,
-          disruptions: Iterable[tuple[float, float]] = (),
+          disruptions: Iterable[Disruption] = (),
           slot_ledgers: Mapping[tuple[str, int], Iterable[Mapping[str, Any]]] | None = None,
           ) -> AuditReport:
     """Check the promises on what actually ran.
@@ -193,10 +198,11 @@ def audit(journal: Iterable[Mapping[str, Any]], dispatches: Iterable[Mapping[str
     * duplicate: one dispatched message (task id) executed twice, or sent twice;
     * stale start: a run started with a fence older than one already started;
     * lost: a lane went longer than its bound without starting a run, inside ``window``,
-      not counting the time inside ``disruptions`` ((from, to): a fault and the recovery it
-      needs). Faults may come back to back (one every few seconds), and a lane waiting through
-      two of them waits out both: a bound of "cadence plus one fault's recovery" would call
-      that a loss, and one of "plus every fault's" would excuse anything once faults are dense.
+      not counting the time of the ``disruptions`` that can delay it ((from, to, lanes): a
+      fault and its recovery, and the lanes it can hold up; a fault that left a lane's path
+      alone excuses none of its wait). Faults may come back to back (one every few seconds),
+      and a lane waiting through two waits out both: a bound of "cadence plus one fault's
+      recovery" would call that a loss, one of "plus every fault's" excuse anything.
     """
     journal = list(journal)
     runs = runs_from_journal(journal)
@@ -216,7 +222,7 @@ def audit(journal: Iterable[Mapping[str, Any]], dispatches: Iterable[Mapping[str
         if run.fence < top:
             report.stale_starts.append(run)
         top = max(top, run.fence)
-    report.lost.extend(_gaps(runs, due_bounds_s, window, _merged(disruptions)))
+    report.lost.extend(_gaps(runs, due_bounds_s, window, list(disruptions)))
     report.stale_beat_starts.extend(_stale_beat_starts(journal, dispatches))
     lost_events = {str(e["task"]) for e in journal if e["ev"] == "lost"}
     for run in runs:
@@ -302,16 +308,19 @@ def _covered(a: float, b: float, spans: list[tuple[float, float]]) -> float:
 
 
 def _gaps(runs: list[Run], bounds: Mapping[str, float], window: tuple[float, float],
-          disruptions: list[tuple[float, float]]) -> list[tuple[str, float, float, float]]:
+          disruptions: list[Disruption]) -> list[tuple[str, float, float, float]]:
+    """Each wait of a lane between its starts longer than its bound, net of the time of the
+    disruptions that name it (the others' time counts against it)."""
     by_lane: dict[str, list[float]] = defaultdict(list)
     for r in runs:
         by_lane[r.lane].append(r.start)
     lost = []
     lo, hi = window
     for lane, bound in bounds.items():
+        spans = _merged((began, until) for began, until, lanes in disruptions if lane in lanes)
         points = [lo, *sorted(t for t in by_lane.get(lane, []) if lo <= t <= hi), hi]
         for a, b in itertools.pairwise(points):
-            excused = _covered(a, b, disruptions)
+            excused = _covered(a, b, spans)
             if b - a - excused > bound:
                 lost.append((lane, a, b, round(excused, 2)))
     return lost

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -19,6 +19,7 @@ from schedproj.chaos.audit import (
     FAMILY_CADENCE_S,
     FAMILY_JITTER,
     POOL_SLOTS,
+    Disruption,
     EntryAudit,
     FencedLedger,
     audit,
@@ -27,6 +28,7 @@ from schedproj.chaos.audit import (
     entry_sends_key,
     family_members,
     overlaps_key,
+    runs_from_journal,
     slot_ledger_prefix,
 )
 from schedproj.chaos.faults import (
@@ -44,11 +46,17 @@ from schedproj.chaos.processes import (
     PREFIX,
     START_DEADLINE_S,
 )
+from schedproj.core.pools import DEFAULT_POOL
 from schedproj.devtools.redis_server import RedisServer
 from schedproj.store.protocol import Keys
 
-CADENCES = {"chaos.h1": 2.0, "chaos.h2": 3.0, "chaos.h3": 4.0, "chaos.pulse": 1.0,
-            "chaos.g1": 3.0, "chaos.g2": 3.0, "chaos.g3": 6.0}
+#: The chaos lanes (schedproj.chaos.lanes) by what serves them, with their cadences: the heavy
+#: lanes of the lease (the heavy workers), the lanes of the pool (its own worker), the light
+#: lane (the light worker, as the family's members).
+HEAVY_CADENCES = {"chaos.h1": 2.0, "chaos.h2": 3.0, "chaos.h3": 4.0}
+POOL_CADENCES = {"chaos.g1": 3.0, "chaos.g2": 3.0, "chaos.g3": 6.0}
+LIGHT_CADENCES = {"chaos.pulse": 1.0}
+CADENCES = {**HEAVY_CADENCES, **LIGHT_CADENCES, **POOL_CADENCES}
 #: How late an entry may be claimed outside faults: beat looks when its schedule says, within
 #: a loop interval, and its tick may first dispatch the lanes (a hundred family members).
 ENTRY_SLACK_S = LOOP_S + 1.0
@@ -63,6 +71,15 @@ BEAT_KILLS = {"kill-beat": 1, "freeze-beat": 2}
 #: Faults that stall beat's tick without killing it or losing the state: Redis frozen. With
 #: the kills and the state losses, the faults whose time excuses an entry's wait.
 BEAT_STALLS = ("block-redis",)
+#: Faults that SIGKILL or SIGSTOP the heavy worker holding the lease, and the pool's worker
+#: with it while that runs a pool run (faults._kill_heavy, _pause_heavy): they delay the
+#: lease's lanes (and the pool's, when its worker was hit), never a light lane - light lanes
+#: never wait behind heavy work (docs/guarantees.md), and their worker is not touched.
+HEAVY_WORKER_FAULTS = ("kill-heavy", "pause-heavy")
+#: Faults that stop or stall what every lane goes through: beat (killed, frozen), Redis
+#: (frozen, restarted empty or failed over: the state, and the broker with it) or the due
+#: index every lane is planned from (corrupt-derived). Each delays every lane.
+FLEET_FAULTS = (*BEAT_KILLS, *BEAT_STALLS, *STATE_LOSSES, FAILOVER, "corrupt-derived")
 
 
 def run_figures(figures: Figures, exits: list[str], sentinel: bool,
@@ -88,23 +105,21 @@ def collect(audit_redis: RedisServer, figures: Figures, started: float,
     recovering = [(began, kind, done + RECOVERY_AFTER_S.get(kind, 0.0))
                   for began, kind, done in figures.log]
     slot_ledgers = pool_ledgers(client)
-    report = audit(entries, dispatches, due_bounds_s=due_bounds(members), window=window,
-                   ledger=ledger.entries(), disruptions=[(b, u) for b, _, u in recovering],
+    bounds = due_bounds(members)
+    report = audit(entries, dispatches, due_bounds_s=bounds, window=window,
+                   ledger=ledger.entries(),
+                   disruptions=lane_disruptions(recovering, entries, bounds),
                    slot_ledgers={slot: led.entries() for slot, led in slot_ledgers.items()})
     beat_entries = audit_schedule_entries(client, disruptions=recovering, window=window,
                                           final_states=entry_states or {})
     os_overlaps = [json.loads(x) for x in client.lrange(overlaps_key(PREFIX), 0, -1)]
     paused = set(figures.paused_fences) | set(figures.paused_pool_fences)
     after_pause = [o for o in os_overlaps if (o.get("holder") or {}).get("fence") in paused]
-    member_starts = [e for e in entries if e["ev"] == "start"
-                     and str(e.get("lane", "")).startswith(f"{FAMILY}[")]
     return {
         "duration_s": round(ended - started, 1),
         **report.summary(),
         **beat_entries.summary(),
-        "family_members": members,
-        "member_runs": len(member_starts),
-        "members_that_ran": len({e["lane"] for e in member_starts}),
+        **family_figures(entries, members),
         "os_overlaps": len(os_overlaps) - len(after_pause),
         "os_overlaps_with_a_paused_holder": len(after_pause),
         **pool_figures(entries, slot_ledgers,
@@ -135,6 +150,34 @@ def collect(audit_redis: RedisServer, figures: Figures, started: float,
             "entries": entry_details(beat_entries),
         },
     }
+
+
+def family_figures(entries: list[dict[str, Any]], members: int) -> dict[str, Any]:
+    """The family's members, their runs, and how many of them ran."""
+    member_starts = [e for e in entries if e["ev"] == "start"
+                     and str(e.get("lane", "")).startswith(f"{FAMILY}[")]
+    return {"family_members": members, "member_runs": len(member_starts),
+            "members_that_ran": len({e["lane"] for e in member_starts})}
+
+
+def lane_disruptions(faults: list[tuple[float, str, float]], entries: list[dict[str, Any]],
+                     lanes: Iterable[str]) -> list[Disruption]:
+    """Each fault ((began, kind, recovered)) with the lanes it can delay, for :func:`audit`:
+    a :data:`FLEET_FAULTS` kind every lane; a :data:`HEAVY_WORKER_FAULTS` kind the lease's
+    lanes, and the pool's if a pool run was under way in it (its worker was hit too: the
+    driver looks for one once it has hit the holder). Any other kind touches no lane's path:
+    it excuses no wait (a kind added to the driver must be placed here first)."""
+    everyone, runs = frozenset(lanes), runs_from_journal(entries)
+    out: list[Disruption] = []
+    for began, kind, until in faults:
+        if kind in FLEET_FAULTS:
+            out.append((began, until, everyone))
+        elif kind in HEAVY_WORKER_FAULTS:
+            pool_hit = any(r.pool != DEFAULT_POOL and r.start <= until
+                           and (r.end is None or r.end >= began) for r in runs)
+            out.append((began, until, frozenset(HEAVY_CADENCES)
+                        | (frozenset(POOL_CADENCES) if pool_hit else frozenset())))
+    return out
 
 
 def pool_ledgers(client: redis.Redis) -> dict[tuple[str, int], FencedLedger]:

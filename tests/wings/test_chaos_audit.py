@@ -116,12 +116,23 @@ def test_a_wait_counts_only_the_time_no_fault_was_disrupting() -> None:
     recovery (two overlapping spans count once): 8 s of its own wait, within a 10 s bound.
     The same wait with a single short fault is a loss."""
     journal = [start("a", 1, 0), end("a", 1, 1), start("b", 2, 26), end("b", 2, 27)]
-    two = [(2.0, 12.0), (10.0, 20.0)]
+    two = [(2.0, 12.0, {"h"}), (10.0, 20.0, {"h"})]
     assert audit(journal, [], due_bounds_s={"h": 10.0}, window=(0, 27),
                  disruptions=two).lost == []
-    one = [(2.0, 6.0)]
+    one = [(2.0, 6.0, {"h"})]
     assert audit(journal, [], due_bounds_s={"h": 10.0}, window=(0, 27),
                  disruptions=one).lost == [("h", 0.0, 26.0, 4.0)]
+
+
+def test_a_fault_excuses_only_the_waits_of_the_lanes_it_can_delay() -> None:
+    """The same two faults, each naming the lanes it can hold up: h's wait is excused by
+    both; l's only by the one that names it (8 s of 26 s), 18 s of its own: lost."""
+    journal = [start("a", 1, 0), end("a", 1, 1), start("b", 2, 26), end("b", 2, 27),
+               start("l1", 0, 0, lane="l"), end("l1", 0, 1, lane="l"),
+               start("l2", 0, 26, lane="l"), end("l2", 0, 27, lane="l")]
+    faults = [(2.0, 12.0, {"h"}), (10.0, 20.0, {"h", "l"})]
+    assert audit(journal, [], due_bounds_s={"h": 10.0, "l": 10.0}, window=(0, 27),
+                 disruptions=faults).lost == [("l", 0.0, 26.0, 10.0)]
 
 
 def write(fence: int, t: float) -> dict:
