@@ -214,6 +214,8 @@ class LaneStore:
         #: of family members a call).
         self.heal_pages: list[int] = []
         self._decoded: dict[tuple[str, str], Any] = {}
+        #: The last tick read's decoded records of the lanes it reads every tick.
+        self._always_decoded: dict[tuple[str, str], Any] = {}
         #: What this store last wrote to each sched field (raw, record), so reading it back
         #: unchanged costs no decoding (bounded by :data:`WRITTEN_MEMO_MAX`).
         self._written: dict[str, tuple[str, SchedRecord]] = {}
@@ -375,7 +377,7 @@ class LaneStore:
         if got and isinstance(got[0], Exception):
             raise got[0]
         snap = self._parse_tick(lock, epoch, read,
-                                dict(zip(also_get, got[0], strict=True)) if got else {})
+                                dict(zip(also_get, got[0], strict=True)) if got else {}, always)
         return replace(snap, holds_moved=moved, watched=watched) if moved or watch else snap
 
     def _tick_call(self, keys: Sequence[str], args: Sequence[Any], watch: Sequence[str],
@@ -461,7 +463,7 @@ class LaneStore:
         return epoch
 
     def _parse_tick(self, lock: LockStatus, epoch: EpochStatus, read: list[Any],
-                    got: Mapping[str, str | None]) -> Snapshot:
+                    got: Mapping[str, str | None], always: Sequence[str] = ()) -> Snapshot:
         _, names, n_changed, values, scores, nxt, raw_lease, paused, forced, broken, _ = read
         entries_changed = ENTRIES_CHANGED_MEMBER in names[:int(n_changed)]
         if entries_changed:  # the marker is no lane: read it as the flag it is
@@ -473,14 +475,21 @@ class LaneStore:
             for part, value in (("run", values[2 * i]), ("sched", values[2 * i + 1])):
                 if value is not None:
                     raw[f"{lane}|{part}"] = value
-        # Records this beat wrote and reads back unchanged need no decoding.
+        # Records this beat wrote and reads back unchanged need no decoding, nor those of the
+        # lanes read every tick (``always``) read back as the last read had them: on an idle
+        # tick with the REM chain, decoding its records again was a third of the tick.
         written = self._written
-        memo: dict[tuple[str, str], Any] = {}
+        memo: dict[tuple[str, str], Any] = self._always_decoded
         for fld, value in raw.items():
             hit = written.pop(fld, None)
             if hit is not None and hit[0] == value:
                 memo[(fld, value)] = hit[1]
         states, errors = parse_states(raw, self.keys.lanes, memo)
+        # Kept for the next read: this read's records of those lanes (a handful), no more.
+        self._always_decoded = {
+            key: memo[key] for lane in always for part in ("run", "sched")
+            if (value := raw.get(fld := f"{lane}|{part}")) is not None
+            and (key := (fld, value)) in memo}
         looked = tuple(str(n) for n in names)
         empty = LaneState()
         full = {lane: states.get(lane, empty) for lane in looked if lane not in errors}

@@ -257,6 +257,32 @@ def test_the_incremental_tick_read_is_one_script_call(
     assert wire.sent[0].count(b"EVALSHA") == 1
 
 
+def test_the_records_of_the_lanes_read_every_tick_are_decoded_once_while_unchanged(
+        store: LaneStore, client: redis.Redis, keys: Keys) -> None:
+    """The lanes a tick reads every time (gate blockers, due-check lanes: ``always``) come
+    back each tick; a record read back as the last read had it is the record decoded then
+    (decoding the REM chain's eight records was a third of the idle tick). A record that
+    changed is decoded afresh, and a lane not read every tick is not kept."""
+    now = round(time.time(), 3)
+    client.hset(keys.lanes, mapping={
+        run_field("kept"): encode(RunRecord(runs=1, last_run_at=now - 5)),
+        sched_field("kept"): encode(SchedRecord(dispatches=1)),
+        run_field("other"): encode(RunRecord(runs=7))})
+    client.sadd(keys.changed, "other")
+    beat = token()
+    first = store.tick_snapshot(beat, LONG_TTL, 0.0, cursor=None, now=now, always=["kept"])
+    assert {"kept", "other"} <= set(first.states)
+    again = store.tick_snapshot(beat, LONG_TTL, 0.0, cursor=now, now=now + 1, always=["kept"])
+    assert again.states["kept"].run is first.states["kept"].run, "decoded again"
+    assert again.states["kept"].sched is first.states["kept"].sched
+    client.hset(keys.lanes, run_field("kept"), encode(RunRecord(runs=2, last_run_at=now)))
+    later = store.tick_snapshot(beat, LONG_TTL, 0.0, cursor=now + 1, now=now + 2,
+                                always=["kept"])
+    assert later.states["kept"].run == RunRecord(runs=2, last_run_at=now)
+    assert later.states["kept"].sched is first.states["kept"].sched
+    assert {fld for fld, _ in store._always_decoded} == {run_field("kept"), sched_field("kept")}
+
+
 # -- guarded beat writes -----------------------------------------------------------------------
 
 
