@@ -526,7 +526,6 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         lost = current and (snap.epoch.cause != "" or (
             snap.lock.event != "renewed" and snap.epoch.quarantine_left_s > 0))
         remembered = {lane: st.run for lane, st in e.memory.states.items()}
-        e.memory.reset()
         e.checks.forget()  # a state loss may have taken a stamp; another beat may have run
         e.health.healed({key: problem for key, problem in snap.broken.items()
                          if problem == "wrong-type"})
@@ -538,6 +537,12 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
             e.recovery.put_back(remembered, now)
         e.entries.take_over(now, put_back=lost, current=current)
         snap = self._snapshot(now, cursor=None)
+        if snap.lock.event == "vanished":
+            # Redis lost its state again during this read (by pages: the longest a beat
+            # makes): what this beat remembers is kept for its next take-over to put back.
+            self._vanished_mid_read()
+            return snap
+        e.memory.reset()  # rebuilt from the full read
         # The full read left its tables as garbage in Redis's Lua heap; collected now, once,
         # rather than a step at a time on every later script call (the idle tick's included).
         collected = e.rt.store.collect_script_garbage()

@@ -22,7 +22,7 @@ from celery import Celery
 from schedproj import Lane, LaneKind, LaneTask
 from schedproj.core.families import LaneFamily, member_lane
 from schedproj.core.lanes import DeferralReason, Gate, GateCondition
-from schedproj.core.records import Outcome, RunRecord, encode
+from schedproj.core.records import LeaseView, Outcome, RunRecord, encode
 from schedproj.on_celery.beat import FairScheduler
 from schedproj.store.families import FamilyStore
 from schedproj.store.lane_store import LaneStore
@@ -117,3 +117,62 @@ def test_a_state_loss_between_pages_still_puts_back_what_beat_remembers(
     assert back.last_run_at is not None and back.last_run_at > now - CADENCE_S, back
     sched.close()
     other.close()
+
+
+def test_a_second_loss_during_the_take_over_read_still_puts_back_what_beat_remembers(
+        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis) -> None:
+    """A failover loses HEAVY's last record; the active beat sees the loss, puts back what it
+    remembers and reads every lane again (by pages: the longest read a beat makes) - and Redis
+    loses everything during that read. The beat takes the lock back at its next tick and puts
+    back what it remembered before the first loss, not an estimate: it had forgotten it when
+    its memory was reset before the read. (HEAVY is due and waits for a lease another lane
+    holds: beat remembers the due lanes.)"""
+    keys = Keys(key_prefix)
+    app = make_app(key_prefix, declare, beat_max_loop_interval_s=0.2, beat_lock_ttl_s=5.0,
+                   start_deadline_s=30.0)
+    members = [f"m{i:04d}" for i in range(8 * PAGE)]
+    FamilyStore(redis_client, keys, [FAMILY]).add(FAMILY, members)
+    ran_at = time.time() - 10 * CADENCE_S
+    redis_client.set(keys.lease, encode(LeaseView(lane="r.other", token="other", fence=1,
+                                                  granted_at=time.time())), px=60_000)
+    redis_client.hset(keys.lanes, mapping={
+        run_field(HEAVY): encode(RunRecord(last_run_at=ran_at, last_outcome=Outcome.COMPLETED,
+                                           runs=7)),
+        **{run_field(member_lane(FAMILY, m)): encode(RunRecord(
+            last_run_at=time.time() - 10, last_outcome=Outcome.COMPLETED, runs=1))
+           for m in members}})
+    sched = FairScheduler(app=app)
+    store: LaneStore = sched.rt.store
+    store.read_page = PAGE
+    sched.tick()
+    time.sleep(0.05)
+    sched.tick()   # beat remembers HEAVY's record
+    assert sched.active and HEAVY in sched.memory.states
+    real_reread, real_page = sched._reread_all, store._tick_page
+    rereads: list[bool] = []
+    lost: list[bool] = []
+
+    def reread(snap: Any, now: float) -> Any:
+        rereads.append(True)
+        store.touch([member_lane(FAMILY, m) for m in members])  # its read goes by pages
+        return real_reread(snap, now)
+
+    def page_call(**kwargs: Any) -> Any:
+        if rereads and not lost:
+            lost.append(True)
+            lose_everything(redis_client, key_prefix)
+        return real_page(**kwargs)
+
+    sched._reread_all, store._tick_page = reread, page_call  # type: ignore[method-assign]
+    # A failover to a replica that lacks the last writes: the epoch record and HEAVY's record.
+    redis_client.delete(keys.epoch)
+    redis_client.hdel(keys.lanes, run_field(HEAVY))
+    time.sleep(0.05)
+    for _ in range(3):
+        sched.tick()
+        time.sleep(0.05)
+    assert lost and len(rereads) >= 2 and sched.active
+    back = store.read_run(HEAVY)
+    assert (back.last_run_at, back.runs) == (pytest.approx(ran_at, abs=1e-3), 7), (
+        f"{HEAVY}'s record after the second loss is not the one beat remembered: {back}")
+    sched.close()
