@@ -231,7 +231,7 @@ def handoff_scale_section(url: str, opts: LiveOptions, large: int = 100_000) -> 
     big = handoff(url, opts, wake=True, idle_members=large - opts.handoff_lanes,
                   samples=samples)
     med_small, med_big = small["gap_ms"]["median"], big["gap_ms"]["median"]
-    ratio_big = ratio(med_big, med_small, 2)
+    ratio_big = ratio(med_big, med_small)
     return {
         "lanes_10": small, f"lanes_{large}": big,
         "median_ratio_large_over_10": ratio_big,

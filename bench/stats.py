@@ -43,8 +43,12 @@ def summary(samples: Sequence[float], scale: float = 1.0, digits: int = 3) -> di
     }
 
 
-def ratio(numerator: float | None, denominator: float | None, digits: int = 2) -> float | None:
-    """numerator / denominator, or None when either is missing or the denominator is 0."""
+def ratio(numerator: float | None, denominator: float | None,
+          digits: int | None = None) -> float | None:
+    """numerator / denominator, or None when either is missing or the denominator is 0.
+    Unrounded unless ``digits`` is given: goals are judged on these values (a 0.254 must not
+    pass a 0.25 goal as a rounded 0.25); the Markdown tables round what they show."""
     if numerator is None or denominator is None or denominator == 0:
         return None
-    return round(numerator / denominator, digits)
+    value = numerator / denominator
+    return value if digits is None else round(value, digits)
