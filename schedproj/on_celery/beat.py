@@ -154,6 +154,9 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         #: When this beat last saw another beat hold the lock, by its own clock and by the
         #: server's, and that beat's token (None: since it held the lock itself, or never).
         self._holder_seen: tuple[float, int, str] | None = None
+        #: This beat stood by only because Redis was out of its reach, since it last read
+        #: Redis holding the lock: no other beat took the lock meanwhile unless it vanished.
+        self._cut_off = False
         kwargs.pop("schedule_filename", None)
         super().__init__(*args, **kwargs)
 
@@ -233,7 +236,7 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
             self._go_standby(str(exc))
             return 0.0
         except (redis.ConnectionError, redis.TimeoutError) as exc:
-            self._go_standby(f"Redis unreachable ({exc})")
+            self._go_standby(f"Redis unreachable ({exc})", cut_off=True)
             return REDIS_RETRY_S
         except redis.ResponseError as exc:
             # A write refused (a key of the wrong type or garbage where a number belongs; the
@@ -522,7 +525,9 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         past that is no longer true."""
         e = self.engine
         fresh = now - self._last_read_at <= self.settings.beat_lock_ttl_s
-        current = self.active and fresh  # no other beat can have been active since
+        # No other beat can have been active since: this one held the lock a moment ago (or
+        # stood by only while Redis was out of its reach, as a restart does to every client).
+        current = (self.active or self._cut_off) and fresh
         lost = current and (snap.epoch.cause != "" or (
             snap.lock.event != "renewed" and snap.epoch.quarantine_left_s > 0))
         remembered = {lane: st.run for lane, st in e.memory.states.items()}
@@ -594,7 +599,7 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
             self._cycle = None
 
     def _activate(self, snap: Snapshot, now: float) -> None:
-        self.active = True
+        self.active, self._cut_off = True, False
         self.engine.checks.taking_over()
         logger.info("beat %s: active (beat lock %s, fence %d)", self.token[:8],
                     snap.lock.event, snap.lock.fence)
@@ -632,7 +637,7 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         pipe.set(rt.keys.published_lanes, registry_json(self.engine.lanes.lanes, self.settings))
         pipe.execute()
 
-    def _go_standby(self, why: str) -> None:
+    def _go_standby(self, why: str, *, cut_off: bool = False) -> None:
         if self.active:
             logger.critical("beat %s: STOPPED DISPATCHING: %s", self.token[:8], why)
         elif self._standby_said != why:
@@ -644,6 +649,7 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine.recovery.stand_by()  # another beat judges runs and keeps records now
+        self._cut_off = cut_off and (self.active or self._cut_off)
         self.active = False
 
 

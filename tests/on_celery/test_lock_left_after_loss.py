@@ -12,7 +12,9 @@ deployment stands for Redis restarting empty (the test database is shared by pre
 from __future__ import annotations
 
 import json
+import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,7 +25,9 @@ from schedproj import Lane, LaneTask
 from schedproj.core import lifecycle
 from schedproj.core.entries import EntryState
 from schedproj.core.records import RunRecord, encode
+from schedproj.devtools.redis_server import RedisServer
 from schedproj.on_celery.beat import FairScheduler
+from schedproj.store.lane_store import LaneStore
 from schedproj.store.protocol import Keys, run_field
 from tests.conftest import make_app
 from tests.on_celery.test_schedule_entries import app_with, queues  # noqa: F401
@@ -33,7 +37,7 @@ TTL = 1.0
 ENTRIES = {"e": {"task": "shop.report", "schedule": 2.0, "args": ("e",)}}
 
 
-def entry_and_lanes(key_prefix: str) -> Celery:
+def entry_and_lanes(key_prefix: str, **settings: Any) -> Celery:
     """The entry e, and two heavy lanes: while one holds the lease the other waits, due, in
     the active beat's memory (what it puts back as it was)."""
     def declare(app: Celery) -> None:
@@ -48,7 +52,31 @@ def entry_and_lanes(key_prefix: str) -> Celery:
 
         app.conf.beat_schedule = ENTRIES
 
-    return make_app(key_prefix, declare, beat_max_loop_interval_s=0.2, beat_lock_ttl_s=TTL)
+    return make_app(key_prefix, declare, **{"beat_max_loop_interval_s": 0.2,
+                                            "beat_lock_ttl_s": TTL, **settings})
+
+
+def seed_waiting_lane(client: redis.Redis, prefix: str) -> float:
+    """h.waits last ran 10 minutes ago: due, it waits behind h.first's lease (remembered)."""
+    seeded = time.time() - 600
+    client.hset(Keys(prefix).lanes, run_field("h.waits"),
+                encode(RunRecord(last_run_at=seeded, runs=3)))
+    return seeded
+
+
+def assert_put_back(client: redis.Redis, prefix: str, before: EntryState, sent_at: float,
+                    seeded: float) -> None:
+    """The entry's state and the waiting lane's run record are as the active beat remembered
+    them: neither counts from now, nor is estimated."""
+    after = entry_state(client, prefix)
+    assert after is not None and after.total_run_count >= 1, "the entry counts from now"
+    assert after.last_run_at == pytest.approx(before.last_run_at, abs=0.01)
+    assert after.last_run_at < sent_at
+    raw = client.hget(Keys(prefix).lanes, run_field("h.waits"))
+    assert raw is not None, "the waiting lane's run record was not put back"
+    record = json.loads(raw)
+    assert record["runs"] == 3 and record["last_run_at"] == pytest.approx(seeded)
+    assert record.get("last_reason") != lifecycle.ESTIMATED_AFTER_LOSS
 
 
 def lose_everything(client: redis.Redis, prefix: str) -> None:
@@ -77,9 +105,7 @@ def test_a_standby_leaves_the_lock_to_the_active_beat_that_puts_back_what_redis_
         key_prefix: str, queues: redis.Redis, redis_client: redis.Redis,  # noqa: F811
         caplog: pytest.LogCaptureFixture) -> None:
     keys = Keys(key_prefix)
-    seeded = time.time() - 600  # h.waits is due; it waits behind h.first's lease
-    redis_client.hset(keys.lanes, run_field("h.waits"),
-                      encode(RunRecord(last_run_at=seeded, runs=3)))
+    seeded = seed_waiting_lane(redis_client, key_prefix)
     a = FairScheduler(app=entry_and_lanes(key_prefix))
     b = FairScheduler(app=entry_and_lanes(key_prefix))
     a.tick()  # e's first look counts from now
@@ -107,18 +133,57 @@ def test_a_standby_leaves_the_lock_to_the_active_beat_that_puts_back_what_redis_
         time.sleep(0.05)
     b.tick()
     assert a.active and not b.active
-    after = entry_state(redis_client, key_prefix)
-    # Put back as the active beat remembered it: not counted from now.
-    assert after is not None and after.total_run_count >= 1
-    assert after.last_run_at == pytest.approx(before.last_run_at, abs=0.01)
-    assert after.last_run_at < sent_at
-    raw = redis_client.hget(keys.lanes, run_field("h.waits"))
-    assert raw is not None, "the waiting lane's run record was not put back"
-    record = json.loads(raw)
-    assert record["runs"] == 3 and record["last_run_at"] == pytest.approx(seeded)
-    assert record.get("last_reason") != lifecycle.ESTIMATED_AFTER_LOSS
+    assert_put_back(redis_client, key_prefix, before, sent_at, seeded)
     a.close()
     b.close()
+
+
+def test_the_active_beat_the_restart_cut_off_still_puts_back_what_redis_lost(
+        tmp_path: Path, queues: redis.Redis) -> None:  # noqa: F811
+    """A real restart: the active beat waits on the wake list (BLPOP) when Redis goes down,
+    gets a connection error and stands by ("Redis unreachable"), like every client. It read
+    Redis holding the lock a moment before, so no other beat can have taken the lock since
+    (only the loss took it): it is still current, takes the lock back and puts back. Before,
+    it counted as a standby that remembers nothing (every real restart, by the beats' logs)."""
+    state = RedisServer(tmp_path, "state")
+    state.start()
+    try:
+        prefix = "lg"
+        client = state.client()
+        assert LaneStore(client, Keys(prefix)).declare_fresh()
+        seeded = seed_waiting_lane(client, prefix)
+        a, b = (FairScheduler(app=entry_and_lanes(prefix, redis_url=state.url,
+                                                  beat_max_loop_interval_s=0.5,
+                                                  beat_lock_ttl_s=1.5)) for _ in "ab")
+        a.tick()  # e's first look counts from now
+        b.tick()
+        time.sleep(2.05)
+        a.tick()
+        sent_at = time.time()
+        b.tick()
+        before = entry_state(client, prefix)
+        assert before is not None and before.total_run_count == 1
+        waiting = threading.Thread(target=a.tick)  # reads, then waits on the wake list
+        waiting.start()
+        deadline = time.time() + 5
+        while time.time() < deadline and not any(c.get("cmd") == "blpop"
+                                                  for c in client.client_list()):
+            time.sleep(0.005)
+        state.kill()  # Redis restarts empty while the active beat waits on it
+        state.start()
+        waiting.join()
+        assert not a.active, "the restart did not cut the active beat off (test premise)"
+        b.tick()
+        assert not b.active
+        for _ in range(3):
+            a.tick()
+        b.tick()
+        assert a.active and not b.active
+        assert_put_back(state.client(), prefix, before, sent_at, seeded)
+        a.close()
+        b.close()
+    finally:
+        state.kill()
 
 
 @pytest.mark.parametrize("history", ["no-loss-ever", "a-loss-the-holder-saw-through"])
@@ -140,11 +205,12 @@ def test_a_holder_that_dies_without_a_loss_is_replaced_as_soon_as_its_lock_expir
     b.tick()
     assert not b.active
     # ``a`` is killed here: never ticks again, never releases its lock.
-    expires = server_s(redis_client) + redis_client.pttl(keys.beat_lock) / 1000
-    while server_s(redis_client) < expires:
+    while redis_client.pttl(keys.beat_lock) > 100:  # (a tick's own time: not past expiry)
         b.tick()
         assert not b.active
         time.sleep(0.02)
+    while redis_client.pttl(keys.beat_lock) != -2:  # until Redis expired it
+        time.sleep(0.005)
     b.tick()
     assert b.active, "the standby did not take the expired lock at once"
     if history == "a-loss-the-holder-saw-through":
