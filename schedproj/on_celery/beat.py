@@ -122,6 +122,11 @@ def stall_before_send(seconds: float) -> Callable[[Plan], None]:
     return stall
 
 
+class LockVanishedMidTick(Exception):
+    """The beat lock vanished during a tick, no other beat holding it: the tick stops, and
+    this beat stays the one that was active (``FairScheduler._keep_lock``)."""
+
+
 class FairScheduler(Scheduler):  # type: ignore[misc]
     """Staleness-ratio fair scheduler with one heavy lease and same-tick light dispatch."""
 
@@ -225,7 +230,10 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         # hundred thousand short-lived objects, and the collections they set off walked the
         # due lanes' kept states over and over for nothing (core.collector).
         with cyclic_gc_paused():
-            return self._tick_or_standby()
+            try:
+                return self._tick_or_standby()
+            except LockVanishedMidTick:
+                return min(STANDBY_POLL_S, self.settings.beat_max_loop_interval_s)
 
     def _tick_or_standby(self) -> float:
         try:
@@ -301,7 +309,11 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         snap = self._read(now)
         if snap is None:
             return min(STANDBY_POLL_S, s.beat_max_loop_interval_s)
+        # The read renewed the lock (each page does) after ``now``; a long tick renews it
+        # again at each step below that began more than a third of the TTL after the last.
+        held = self._keep_lock(now)
         snap = self._heal(snap, now)
+        held = self._keep_lock(held)
         # Every hook is called when a lane record changed (a run started or ended: its writes
         # are seen then even by a writer that does not set a stamp); on an idle tick a stamped
         # hook is called only when its stamp moved (DueChecks).
@@ -317,7 +329,9 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         if snap.epoch.quarantine_left_s == 0:  # a run lost in a state loss may re-assert
             # Before this tick dispatches: a new run of the lane must not end first.
             e.recovery.record_vanished_run(snap, now)
+        held = self._keep_lock(held)
         states, slots = self._focus(snap, probes, unreadable, now)
+        held = self._keep_lock(held)
         if snap.epoch.quarantine_left_s == 0:  # records lost in a state loss can't be judged
             # Before dispatching: a new run of the lane, started within milliseconds of its
             # message, would replace the dead run's mark before this could record it.
@@ -332,6 +346,8 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         else:
             slots = slots if states or e.memory.waits_in_pools else self._read_slots(True)
             plan, next_look = self._plan(snap, states, slots, probes, unreadable, now)
+            # (The dispatch renewed the lock, if it was due, before its guarded writes.)
+            held = self._keep_lock(held)
         # A lane left out as quiet is looked at when it falls due on what it was planned on.
         next_look = min((t for t in (next_look, *self._quiet.values())
                          if t is not None and t < NEVER), default=None)
@@ -343,6 +359,9 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
             self._publish_pressure(plan, snap, slots, now=now)
         e.families.sync(now)
         e.lanes.keep_only(e.memory.states)
+        # Left to lapse before the next tick, the lock would be taken afresh there (every
+        # lane read again) or by a standby beat.
+        self._keep_lock(held)
         interval = self._wait(plan, next_look, now)
         self._refusal_said = ""
         return interval
@@ -476,6 +495,33 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         if not self.active:
             self._activate(snap, now)
         return snap
+
+    def _keep_lock(self, renewed_at: float) -> float:
+        """Renew the beat lock when it was last renewed (at ``renewed_at`` or later) more
+        than a third of its TTL ago; returns when it was last renewed. A tick that reads and
+        plans tens of thousands of lanes at once (a family's members added together, the
+        derived keys rebuilt) outlasts the TTL: the lock lapsed in it, its guarded writes
+        were refused, and the next tick - or a standby beat - took the lock afresh and read
+        and planned every lane again, never sure to finish. A renewal never takes a vacant
+        lock (``lua/beat_renew.lua``). Raises :class:`BeatLockLost` when another beat holds
+        it (this one stands by), :class:`LockVanishedMidTick` when no beat does (Redis lost
+        its state, or it expired: as for a lock vanished mid-read, this beat keeps what it
+        remembers and its next tick's lock step takes it back)."""
+        ttl = self.settings.beat_lock_ttl_s
+        asked = time.time()
+        if asked - renewed_at <= ttl / 3:
+            return renewed_at
+        holder = self.rt.store.renew_held(self.token, ttl)
+        if holder is None:
+            return asked
+        if holder:
+            self.memory.reset()
+            raise BeatLockLost(f"beat lock taken by another beat ({holder[:8]}) during a long "
+                               "tick")
+        logger.warning("beat %s: the beat lock vanished during a long tick (%.1fs since it "
+                       "was renewed; Redis lost its state, or it expired); taking it back at "
+                       "the next tick", self.token[:8], asked - renewed_at)
+        raise LockVanishedMidTick
 
     def _vanished_mid_read(self) -> None:
         """The lock vanished between two pages of this beat's read: Redis lost its state

@@ -221,6 +221,7 @@ class LaneStore:
         self._written: dict[str, tuple[str, SchedRecord]] = {}
         self._lock = scripts.register(client, "beat_lock")
         self._unlock = scripts.register(client, "beat_unlock")
+        self._renew = scripts.register(client, "beat_renew")
         self._guarded_hset = scripts.register(client, "guarded_hset")
         self._finish = scripts.register(client, "run_finish")
         self._skipped = scripts.register(client, "run_mark_skipped")
@@ -647,15 +648,15 @@ class LaneStore:
 
     def renew(self, beat_token: str, lock_ttl_s: float) -> bool:
         """Extend the beat lock this beat holds (mid-tick, when a tick runs long). False if
-        it is no longer held by this beat (expired or taken: the tick must stop)."""
-        ok, _, event = self._lock(keys=[self.keys.beat_lock, self.keys.beat_fence],
-                                  args=[beat_token, int(lock_ttl_s * 1000)])
-        if int(ok) == 1 and str(event) != "renewed":
-            # It had expired and was taken afresh under a new fence: this tick's messages
-            # carry the old one. Give it back; the next tick starts over.
-            self.unlock(beat_token)
-            return False
-        return int(ok) == 1
+        it is no longer held by this beat (expired, vanished or taken: the tick must stop)."""
+        return self.renew_held(beat_token, lock_ttl_s) is None
+
+    def renew_held(self, beat_token: str, lock_ttl_s: float) -> str | None:
+        """Extend the beat lock if this beat holds it (``lua/beat_renew.lua``: a vacant lock
+        is never taken here, a vanished one is left to the next tick's lock step). None when
+        renewed, else who holds it: '' when no beat does."""
+        reply = self._renew(keys=[self.keys.beat_lock], args=[beat_token, int(lock_ttl_s * 1000)])
+        return None if int(reply[0]) == 1 else str(reply[1])
 
     def unlock(self, beat_token: str) -> bool:
         return int(self._unlock(keys=[self.keys.beat_lock], args=[beat_token])) == 1

@@ -1,0 +1,96 @@
+"""A tick that outlasts the beat lock TTL keeps the lock: tens of thousands of family members
+added at once are all read and planned by beat's next tick (one tick, every lane), which ran
+past the TTL - the lock lapsed in it, the guarded writes after planning were refused
+(BeatLockLost), and the next tick took the lock afresh and read and planned every lane again,
+never finishing; with a standby beat the two took turns at it. Beat now renews the lock at
+each step of a tick that began more than a third of the TTL after the last renewal
+(``FairScheduler._keep_lock``; the read's pages renew it too).
+
+In-process beats, real Redis; the 1,000,000-member case (bench/million.py, 66.6 s for that
+tick) is scaled down with the TTL: 40,000 members, a 1.2 s TTL.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import redis
+from celery import Celery
+
+from schedproj import LaneKind, LaneTask
+from schedproj.core.families import LaneFamily, member_lane
+from schedproj.core.records import Outcome, RunRecord, encode
+from schedproj.on_celery.beat import FairScheduler
+from schedproj.store.families import FamilyStore
+from schedproj.store.protocol import STAMP_MEMBER, Keys, run_field
+from tests.conftest import make_app
+
+pytestmark = pytest.mark.timeout(120)
+
+FAMILY = "p.sync"
+CADENCE_S = 3600.0
+MEMBERS = 40_000
+LOCK_TTL_S = 1.2
+#: Rounds (a tick of each beat) to converge: the first does it when the lock is kept.
+ROUNDS = 3
+
+
+def declare(app: Celery) -> None:
+    @app.task(shared=False, base=LaneTask, name=FAMILY,
+              lane=LaneFamily(cadence_s=CADENCE_S, kind=LaneKind.HEAVY))
+    def sync(key: str) -> None: ...
+
+
+def converged(client: redis.Redis, keys: Keys, lanes: list[str]) -> bool:
+    """Every member planned (its next look written over the 0 it was added with) and the
+    changed set drained (its stamp members aside)."""
+    scores = client.zmscore(keys.due, lanes)
+    changed = [m for m in client.smembers(keys.changed) if not m.startswith(STAMP_MEMBER)]
+    return (all(s is not None and s > 0 for s in scores) and not changed
+            and not client.exists(keys.changed_reading))
+
+
+@pytest.mark.parametrize("standby", [False, True])
+def test_a_tick_longer_than_the_lock_ttl_plans_every_member_added_at_once(
+        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis,
+        standby: bool) -> None:
+    """``standby``: a second beat ticks after each tick of the active one, as a deployment's
+    standby polls the lock: it must stand by throughout, not take a lapsed lock."""
+    keys = Keys(key_prefix)
+    app = make_app(key_prefix, declare, beat_max_loop_interval_s=LOCK_TTL_S / 3,
+                   beat_lock_ttl_s=LOCK_TTL_S, start_deadline_s=60.0)
+    beats = [FairScheduler(app=app) for _ in range(2 if standby else 1)]
+    for beat in beats:
+        beat.tick()  # the first takes the lock, the second stands by
+    active = beats[0]
+    assert active.active and not any(b.active for b in beats[1:])
+    members = [f"m{i:06d}" for i in range(MEMBERS)]
+    lanes = [member_lane(FAMILY, m) for m in members]
+    FamilyStore(redis_client, keys, [FAMILY]).add(FAMILY, members)
+    now = time.time()
+    # Every member due; the last added the stalest (the one the heavy lease goes to).
+    redis_client.hset(keys.lanes, mapping={
+        run_field(lane): encode(RunRecord(
+            last_run_at=now - CADENCE_S * (10.0 if i == MEMBERS - 1 else 1.5 + (i % 10) / 10),
+            last_outcome=Outcome.COMPLETED, runs=1))
+        for i, lane in enumerate(lanes)})
+    took: list[float] = []
+    rounds = 0
+    while rounds < ROUNDS and not converged(redis_client, keys, lanes):
+        rounds += 1
+        for beat in beats:
+            started = time.monotonic()
+            beat.tick()
+            took.append(time.monotonic() - started)
+    # The case at hand: the tick that reads and plans them all outlasts the lock's TTL.
+    assert took[0] > LOCK_TTL_S, took
+    assert converged(redis_client, keys, lanes), f"not converged in {rounds} rounds: {took}"
+    assert rounds == 1, took
+    assert active.active and not any(b.active for b in beats[1:])
+    assert redis_client.get(keys.beat_lock) == active.token
+    heavy = [json.loads(m) for m in broker.lrange("heavy", 0, -1)]
+    assert [m["headers"]["argsrepr"] for m in heavy] == [f"['{members[-1]}']"]
+    for beat in beats:
+        beat.close()
