@@ -42,3 +42,10 @@ class LeaseLost(SchedprojError):
 
 class BeatLockLost(SchedprojError):
     """This beat no longer holds the single-active-beat lock and must stop dispatching."""
+
+
+class BeatLockVanished(BeatLockLost):
+    """The beat lock vanished during a tick, no other beat holding it (Redis lost its state,
+    or the lock expired): the tick stops, but this beat stays the one that was active and
+    keeps what it remembers, so its next tick takes the lock back as current and puts back
+    what a state loss took."""

@@ -30,7 +30,7 @@ from schedproj.core import defaults
 from schedproj.core.collector import cyclic_gc_paused
 from schedproj.core.dueindex import NEVER, TickMemory, full_holds, gated_back
 from schedproj.core.entries import RECHECK_S
-from schedproj.core.errors import BeatLockLost
+from schedproj.core.errors import BeatLockLost, BeatLockVanished
 from schedproj.core.lanes import queue_for
 from schedproj.core.laneset import LaneSet, registry_json
 from schedproj.core.planner import Plan, TickInput, plan_tick
@@ -120,11 +120,6 @@ def stall_before_send(seconds: float) -> Callable[[Plan], None]:
         if plan.sends:
             time.sleep(seconds)
     return stall
-
-
-class LockVanishedMidTick(Exception):
-    """The beat lock vanished during a tick, no other beat holding it: the tick stops, and
-    this beat stays the one that was active (``FairScheduler._keep_lock``)."""
 
 
 class FairScheduler(Scheduler):  # type: ignore[misc]
@@ -230,14 +225,15 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         # hundred thousand short-lived objects, and the collections they set off walked the
         # due lanes' kept states over and over for nothing (core.collector).
         with cyclic_gc_paused():
-            try:
-                return self._tick_or_standby()
-            except LockVanishedMidTick:
-                return min(STANDBY_POLL_S, self.settings.beat_max_loop_interval_s)
+            return self._tick_or_standby()
 
     def _tick_or_standby(self) -> float:
         try:
             return self._tick()
+        except BeatLockVanished as exc:
+            # As for a lock vanished between two pages of the read (_vanished_mid_read).
+            logger.warning("beat %s: %s; taking it back at the next tick", self.token[:8], exc)
+            return min(STANDBY_POLL_S, self.settings.beat_max_loop_interval_s)
         except BeatLockLost as exc:
             # Lost between reading and writing (another beat took over): stop at once; the
             # next tick finds the lock held elsewhere and stands by.
@@ -504,9 +500,9 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         were refused, and the next tick - or a standby beat - took the lock afresh and read
         and planned every lane again, never sure to finish. A renewal never takes a vacant
         lock (``lua/beat_renew.lua``). Raises :class:`BeatLockLost` when another beat holds
-        it (this one stands by), :class:`LockVanishedMidTick` when no beat does (Redis lost
-        its state, or it expired: as for a lock vanished mid-read, this beat keeps what it
-        remembers and its next tick's lock step takes it back)."""
+        it (this one stands by), :class:`BeatLockVanished` when no beat does (as for a lock
+        vanished mid-read, this beat keeps what it remembers and its next tick's lock step
+        takes it back)."""
         ttl = self.settings.beat_lock_ttl_s
         asked = time.time()
         if asked - renewed_at <= ttl / 3:
@@ -518,10 +514,9 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
             self.memory.reset()
             raise BeatLockLost(f"beat lock taken by another beat ({holder[:8]}) during a long "
                                "tick")
-        logger.warning("beat %s: the beat lock vanished during a long tick (%.1fs since it "
-                       "was renewed; Redis lost its state, or it expired); taking it back at "
-                       "the next tick", self.token[:8], asked - renewed_at)
-        raise LockVanishedMidTick
+        raise BeatLockVanished(f"the beat lock vanished during a long tick "
+                               f"({asked - renewed_at:.1f}s since it was renewed; Redis lost "
+                               "its state, or it expired)")
 
     def _vanished_mid_read(self) -> None:
         """The lock vanished between two pages of this beat's read: Redis lost its state

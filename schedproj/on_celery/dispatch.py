@@ -25,7 +25,7 @@ from schedproj.core.dueindex import (
     waits_for_lease,
     with_changes,
 )
-from schedproj.core.errors import BeatLockLost
+from schedproj.core.errors import BeatLockLost, BeatLockVanished
 from schedproj.core.families import split_member
 from schedproj.core.lanes import queue_for
 from schedproj.core.picker import Policy
@@ -84,8 +84,14 @@ class Dispatcher:
         slot leases as read this tick (pools beyond the default). Raises
         :class:`BeatLockLost` if this beat lost its lock on the way (nothing is sent then)."""
         ttl = self.settings.beat_lock_ttl_s
-        if time.time() - plan.now > ttl / 3 and not self.rt.store.renew(self.token, ttl):
-            # A long tick (thousands of lanes newly due at once) outlived the lock.
+        # A long tick (thousands of lanes newly due at once): renewed before the writes.
+        holder = (self.rt.store.renew_held(self.token, ttl) if time.time() - plan.now > ttl / 3
+                  else None)
+        if holder == "":
+            # Redis lost its state (or the lock expired) and no beat took the lock: what this
+            # beat remembers is kept for its next tick to put back (FairScheduler).
+            raise BeatLockVanished("the beat lock vanished before recording the dispatch")
+        if holder is not None:
             self.memory.reset()
             raise BeatLockLost("the tick outlived the beat lock before recording the dispatch")
         self.granted, self.granted_slots = None, {}

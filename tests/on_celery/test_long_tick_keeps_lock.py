@@ -14,18 +14,21 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import pytest
 import redis
 from celery import Celery
 
-from schedproj import LaneKind, LaneTask
+import schedproj.on_celery.beat as beat_module
+from schedproj import Lane, LaneKind, LaneTask
 from schedproj.core.families import LaneFamily, member_lane
 from schedproj.core.records import Outcome, RunRecord, encode
 from schedproj.on_celery.beat import FairScheduler
 from schedproj.store.families import FamilyStore
 from schedproj.store.protocol import STAMP_MEMBER, Keys, run_field
 from tests.conftest import make_app
+from tests.on_celery.test_state_loss_mid_read import lose_everything
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -94,3 +97,53 @@ def test_a_tick_longer_than_the_lock_ttl_plans_every_member_added_at_once(
     assert [m["headers"]["argsrepr"] for m in heavy] == [f"['{members[-1]}']"]
     for beat in beats:
         beat.close()
+
+
+DREAM = "p.dream"
+
+
+def declare_dream(app: Celery) -> None:
+    @app.task(shared=False, base=LaneTask, name=DREAM, lane=Lane(cadence_s=CADENCE_S))
+    def dream() -> None: ...
+
+
+def test_a_state_loss_while_a_long_tick_plans_still_puts_back_what_beat_remembers(
+        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Redis loses everything while a tick plans, past a third of the lock TTL: the renewal
+    before the dispatch's writes finds the lock vanished. Beat keeps what it remembers and
+    stays the active beat, as for a lock vanished between pages (9f78fc4), and its next tick
+    puts DREAM's record back. The renewal went through beat_lock.lua, which took the vacant
+    lock and gave it back, and beat stood by with its memory reset: its next tick took the
+    lock as a beat that was not active and put back nothing (DREAM read as never run)."""
+    keys = Keys(key_prefix)
+    app = make_app(key_prefix, declare_dream, beat_max_loop_interval_s=LOCK_TTL_S / 3,
+                   beat_lock_ttl_s=LOCK_TTL_S, start_deadline_s=60.0)
+    ran_at = time.time() - 10
+    redis_client.hset(keys.lanes, run_field(DREAM), encode(RunRecord(
+        last_run_at=ran_at, last_outcome=Outcome.COMPLETED, runs=7)))
+    sched = FairScheduler(app=app)
+    sched.tick()
+    sched.tick()  # a normal tick: beat remembers DREAM's record
+    assert sched.active and broker.llen("heavy") == 0
+    sched.rt.store.touch([DREAM])  # the next tick plans it
+    real_plan = beat_module.plan_tick
+    lost: list[bool] = []
+
+    def slow_plan(*args: Any, **kwargs: Any) -> Any:
+        if not lost:
+            lost.append(True)
+            lose_everything(redis_client, key_prefix)
+            time.sleep(LOCK_TTL_S / 3 + 0.1)  # a long plan: the dispatch renews first
+        return real_plan(*args, **kwargs)
+
+    monkeypatch.setattr(beat_module, "plan_tick", slow_plan)
+    sched.tick()
+    assert lost
+    sched.tick()
+    raw = redis_client.hget(keys.lanes, run_field(DREAM))
+    assert raw is not None, f"{DREAM}'s run record (ran 10 s ago) was not put back"
+    back = sched.rt.store.read_run(DREAM)
+    assert back.runs == 7 and back.last_run_at == pytest.approx(ran_at), back
+    assert sched.active and redis_client.get(keys.beat_lock) == sched.token
+    sched.close()
