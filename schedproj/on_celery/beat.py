@@ -315,16 +315,7 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         # hook is called only when its stamp moved (DueChecks).
         probes, unreadable = e.checks.probe(snap.errors, e.lanes.lanes.knows,
                                             fresh=bool(snap.changed), stamps=snap.got)
-        # Re-read every tick until readable: an operator who deletes or fixes the bad value
-        # with redis-cli marks nothing changed.
-        e.lanes.broken = unreadable
-        for lane in e.memory.learn(snap.states, snap.scores, snap.errors):
-            e.lanes.specs.pop(lane, None)
-        if e.recovery.estimated:
-            e.recovery.forget_estimates(snap.states)
-        if snap.epoch.quarantine_left_s == 0:  # a run lost in a state loss may re-assert
-            # Before this tick dispatches: a new run of the lane must not end first.
-            e.recovery.record_vanished_run(snap, now)
+        self._learn(snap, unreadable, now)
         held = self._keep_lock(held)
         states, slots = self._focus(snap, probes, unreadable, now)
         held = self._keep_lock(held)
@@ -361,6 +352,21 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         interval = self._wait(plan, next_look, now)
         self._refusal_said = ""
         return interval
+
+    def _learn(self, snap: Snapshot, unreadable: set[str], now: float) -> None:
+        """What the read tells beat's memory: the lanes unreadable this tick, the records and
+        scores read, the estimates a run has replaced, a heavy run whose lease vanished."""
+        e = self.engine
+        # Re-read every tick until readable: an operator who deletes or fixes the bad value
+        # with redis-cli marks nothing changed.
+        e.lanes.broken = unreadable
+        for lane in e.memory.learn(snap.states, snap.scores, snap.errors):
+            e.lanes.specs.pop(lane, None)
+        if e.recovery.estimated:
+            e.recovery.forget_estimates(snap.states)
+        if snap.epoch.quarantine_left_s == 0:  # a run lost in a state loss may re-assert
+            # Before this tick dispatches: a new run of the lane must not end first.
+            e.recovery.record_vanished_run(snap, now)
 
     def _plan(self, snap: Snapshot, states: dict[str, LaneState],
               slots: dict[str, list[LeaseView | None]], probes: dict[str, int],
