@@ -182,6 +182,14 @@ class Settings(BaseSettings):
         default=RECONCILE_SLICE, ge=1,
         description="Lanes one tick of that cycle re-checks (each read once more by the next "
         "tick): the cycle takes ceil(lanes / this) ticks.")
+    compact_records: bool = Field(
+        default=False,
+        description="Write each lane's run and sched records in the compact format (version 2: "
+        "short keys, about 96 bytes of Redis less a lane). Set it on beat and every worker "
+        "only once all of them run a release that reads it (this one or later): an earlier "
+        "release refuses a compact record (a version error naming its key). Off, records are "
+        "written in the long format; either way both formats are read. Before rolling back "
+        "below this release, turn it off and run 'schedproj records --long'.")
     wake_on_release: bool = Field(
         default=True,
         description="Beat blocks on the wake list so a finishing run is followed at once; "

@@ -66,6 +66,14 @@ def loads(raw: str | bytes, key: str, version: int) -> dict[str, Any]:
     included; an integer beyond a float's range also names its field), not an object, or of
     another version.
     """
+    return loads_versioned(raw, key, (version,))[1]
+
+
+def loads_versioned(raw: str | bytes, key: str, versions: tuple[int, ...]
+                    ) -> tuple[int, dict[str, Any]]:
+    """Parse a stored object of any of the format ``versions``: (its version, its fields
+    without the version field). The same refusals as :func:`loads`; a version newer than any
+    known says so, and what fixes it."""
     try:
         data = json.loads(raw, parse_constant=_reject_constant, parse_float=_finite_float,
                           object_pairs_hook=_refuse_huge_integers)
@@ -74,9 +82,14 @@ def loads(raw: str | bytes, key: str, version: int) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise StateError(key, f"expected a JSON object, found {type(data).__name__}")
     found = data.pop(VERSION_FIELD, None)
-    if found != version:
-        raise StateError(key, f"format version {found!r}, this schedproj reads version {version}")
-    return data
+    if found not in versions:
+        known = " or ".join(str(v) for v in versions)
+        newer = (" (a newer schedproj wrote it: run that release here, or have that release "
+                 "rewrite it in a format this one reads)"
+                 if type(found) is int and found > max(versions) else "")
+        raise StateError(key, f"format version {found!r}, this schedproj reads version "
+                              f"{known}{newer}")
+    return found, data
 
 
-__all__ = ["VERSION_FIELD", "dumps", "loads"]
+__all__ = ["VERSION_FIELD", "dumps", "loads", "loads_versioned"]

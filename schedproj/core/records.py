@@ -149,10 +149,47 @@ _ROUNDED: dict[type, frozenset[str]] = {
     for cls in (RunRecord, SchedRecord, Deferral)}
 
 
-def encode(record: RunRecord | SchedRecord | LeaseView) -> str:
+#: The run and sched records' two formats. The long one (version 1, ``STATE_VERSION``) names
+#: every field in full; the compact one (version 2) names each by the short key of
+#: :data:`SHORT_NAMES`, which costs a lane of a million about 96 bytes less of Redis (each
+#: record falls from the 160-byte allocation class to the 112-byte one: docs/performance.md,
+#: "Where the bytes go"). A release before the compact format reads version 1 only and refuses
+#: a version 2 record with a version error naming its key, never misreads it; this release
+#: reads both everywhere (``decode`` and every Lua script that reads or edits a record, through
+#: ``lua/record_format.lua``, whose table must equal this one: tests/core/test_records.py).
+#: Writers write the compact format only with ``SCHEDPROJ_COMPACT_RECORDS`` on (passed to
+#: ``encode`` as ``compact``). The lease and every other stored value keep version 1.
+LONG_FORMAT = STATE_VERSION
+COMPACT_FORMAT = 2
+RECORD_FORMATS = (LONG_FORMAT, COMPACT_FORMAT)
+
+#: The compact format's key of each field: fixed, never reused for another field (a key once
+#: released names its field in every later release). Times keep the microsecond, every field
+#: that holds its default is still left out, values are written as in the long format (an
+#: outcome as its name) and a deferral keeps its own field names inside ``df``.
+SHORT_NAMES: dict[type, dict[str, str]] = {
+    RunRecord: {
+        "last_run_at": "t", "last_outcome": "o", "last_reason": "r", "last_task_id": "i",
+        "backlog": "b", "runs": "n", "failures": "f", "running_task_id": "ri",
+        "running_since": "rs", "running_until": "ru", "fence": "fe", "failing_since": "fs",
+        "skipped_task_id": "si", "since": "s",
+    },
+    SchedRecord: {
+        "inflight_task_id": "i", "inflight_deadline": "d", "last_dispatch_at": "t",
+        "dispatches": "n", "deferral": "df", "paused": "p", "missed_through": "mt",
+        "missed": "m",
+    },
+}
+_LONG_NAMES: dict[type, dict[str, str]] = {
+    cls: {short: name for name, short in table.items()} for cls, table in SHORT_NAMES.items()}
+
+
+def encode(record: RunRecord | SchedRecord | LeaseView, *, compact: bool = False) -> str:
     """Serialize a record to versioned JSON: the fields ``asdict`` would give, in their order,
     built shallowly (beat encodes thousands of records in a tick that dispatches thousands);
-    a run or sched record without the fields that hold their default."""
+    a run or sched record without the fields that hold their default, in the compact format
+    (:data:`SHORT_NAMES`) when ``compact`` (``SCHEDPROJ_COMPACT_RECORDS``; a lease ignores
+    it)."""
     data = dict(record.__dict__)
     defaults = _DEFAULTS.get(type(record))
     if defaults is None:
@@ -174,12 +211,25 @@ def encode(record: RunRecord | SchedRecord | LeaseView) -> str:
         data["deferral"] = {name: round(value, TIME_DECIMALS)
                             if type(value) is float and name in _ROUNDED[Deferral] else value
                             for name, value in deferral.__dict__.items()}
+    short = SHORT_NAMES.get(type(record)) if compact else None
+    if short is not None:
+        return codec.dumps({short[name]: value for name, value in data.items()}, COMPACT_FORMAT)
     return codec.dumps(data, STATE_VERSION)
 
 
 def decode(cls: type[R], raw: str | bytes, key: str) -> R:
-    """Parse a record, raising :class:`StateError` naming ``key`` on anything unexpected."""
-    data = codec.loads(raw, key, STATE_VERSION)
+    """Parse a record, raising :class:`StateError` naming ``key`` on anything unexpected. A run
+    or sched record is read in either format (:data:`RECORD_FORMATS`)."""
+    long_names = _LONG_NAMES.get(cls)
+    if long_names is None:
+        data = codec.loads(raw, key, STATE_VERSION)
+    else:
+        version, data = codec.loads_versioned(raw, key, RECORD_FORMATS)
+        if version == COMPACT_FORMAT:
+            unknown = set(data).difference(long_names)
+            if unknown:
+                raise StateError(key, f"unknown fields {sorted(unknown)} (compact format)")
+            data = {long_names[short]: value for short, value in data.items()}
     unknown = set(data).difference(name for name, _ in _field_types(cls))
     if unknown:
         raise StateError(key, f"unknown fields {sorted(unknown)}")
@@ -246,7 +296,11 @@ def _check_types(record: RunRecord | SchedRecord | LeaseView | Deferral) -> None
 
 
 __all__ = [
+    "COMPACT_FORMAT",
     "EMPTY_STATE",
+    "LONG_FORMAT",
+    "RECORD_FORMATS",
+    "SHORT_NAMES",
     "LaneState",
     "LeaseView",
     "Outcome",

@@ -48,7 +48,8 @@ class Runtime:
         store = self._slot_stores.get(keys.lease)
         if store is None:
             store = self._slot_stores[keys.lease] = LaneStore(
-                self.store.client, keys, self.store.audit_client)
+                self.store.client, keys, self.store.audit_client,
+                compact_records=self.store.compact_records)
         return store
 
     @classmethod
@@ -61,7 +62,9 @@ class Runtime:
                           socket_timeout_s=renewal_timeout_s(settings.lease_ttl_s),
                           retry=False)
         return cls(settings=settings, keys=keys, lease=HeavyLease(client, keys),
-                   store=LaneStore(client, keys, audit), pid=os.getpid(),
+                   store=LaneStore(client, keys, audit,
+                                   compact_records=settings.compact_records),
+                   pid=os.getpid(),
                    renewal=HeavyLease(renewal, keys))
 
 

@@ -27,7 +27,7 @@ from schedproj.core.errors import LeaseLost, StateError
 from schedproj.core.families import FamilyError, LaneFamily, check_key, member_lane
 from schedproj.core.lanes import Lane, LaneKind
 from schedproj.core.pools import DEFAULT_POOL
-from schedproj.core.records import LaneState, LeaseView, Outcome, RunRecord, encode
+from schedproj.core.records import LaneState, LeaseView, Outcome, RunRecord
 
 # Imported for its worker_ready hook: a restarted worker frees its dead predecessor's lease.
 from schedproj.on_celery import recovery
@@ -224,7 +224,7 @@ class LaneTask(Task):  # type: ignore[misc]
             if isinstance(new, str):
                 known = None  # fenced out: said by the compare and set's path
             else:
-                record = encode(new)
+                record = store.encode_record(new)
                 if store.audit_client is store.client:
                     entry = audit_entry(_journal_entry(lane, task_id, fence, "start",
                                                        beat_fence=dispatch.beat_fence))
@@ -416,7 +416,7 @@ class LaneTask(Task):  # type: ignore[misc]
         else:
             journal = (rt.keys.journal, _journal_entry(ctx.lane, ctx.task_id, ctx.fence, "end",
                                                        **end))
-        raw = encode(record)
+        raw = store.encode_record(record)
         remembered = (rt.keys.lanes, ctx.lane)
         _written_runs.pop(remembered, None)
         try:

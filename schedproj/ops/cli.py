@@ -786,20 +786,22 @@ def family() -> None:
     or shard). Keys: 1 to 128 characters out of letters, digits and . _ - : / @ + =."""
 
 
-def _families(client: Any, keys: Any) -> Any:
-    """A FamilyStore that knows the families the last beat declared (if one ran)."""
+def _families(client: Any, keys: Any, compact_records: bool = False) -> Any:
+    """A FamilyStore that knows the families the last beat declared (if one ran); a member
+    it adds gets its first record in the compact format with ``compact_records``."""
     from schedproj.core.errors import StateError
     from schedproj.core.laneset import specs_from_registry
     from schedproj.store.families import FamilyStore
 
     raw = client.get(keys.published_lanes)
     if raw is None:
-        return FamilyStore(client, keys)
+        return FamilyStore(client, keys, compact_records=compact_records)
     try:
         _, published = specs_from_registry(raw, keys.published_lanes)
     except StateError as exc:
         raise click.ClickException(str(exc)) from None
-    return FamilyStore(client, keys, [f.get("name") for f in published.get("families", [])])
+    return FamilyStore(client, keys, [f.get("name") for f in published.get("families", [])],
+                       compact_records=compact_records)
 
 
 @family.command(name="add")
@@ -810,7 +812,7 @@ def family_add(family_name: str, keys_: tuple[str, ...]) -> None:
     settings, client, keys = _state_handles()
     with _reaching(settings):
         try:
-            added = _families(client, keys).add(family_name, keys_)
+            added = _families(client, keys, settings.compact_records).add(family_name, keys_)
         except SchedprojError as exc:
             raise click.ClickException(str(exc)) from None
     click.echo(f"{family_name}: {added} added, {len(set(keys_)) - added} already members")

@@ -61,9 +61,12 @@ class FamilyStore:
     """Members of the lane families under one key prefix."""
 
     def __init__(self, client: redis.Redis, keys: Keys,
-                 families: Collection[str] | None = None) -> None:
+                 families: Collection[str] | None = None, *,
+                 compact_records: bool = False) -> None:
         self.client = client
         self.keys = keys
+        #: A new member's first run record in the compact format (SCHEDPROJ_COMPACT_RECORDS).
+        self.compact_records = compact_records
         #: The declared families (None: not known here, any name is taken).
         self.families = None if families is None else frozenset(families)
 
@@ -84,7 +87,8 @@ class FamilyStore:
         ``RunRecord.since``): it runs soon, in its turn, never ahead of lanes more overdue."""
         self.check_family(family)
         valid = sorted({check_key(family, k) for k in keys})
-        born = encode(RunRecord(since=time.time() if now is None else now))
+        born = encode(RunRecord(since=time.time() if now is None else now),
+                      compact=self.compact_records)
         added = 0
         for i in range(0, len(valid), CHUNK):
             chunk = valid[i:i + CHUNK]

@@ -16,7 +16,16 @@ import redis
 
 from schedproj.core import defaults
 from schedproj.core.errors import StateError
-from schedproj.core.records import LaneState, LeaseView, RunRecord, SchedRecord, decode, encode
+from schedproj.core.records import (
+    COMPACT_FORMAT,
+    LONG_FORMAT,
+    LaneState,
+    LeaseView,
+    RunRecord,
+    SchedRecord,
+    decode,
+    encode,
+)
 from schedproj.store import scripts
 from schedproj.store.connection import socket_timeout_of
 from schedproj.store.lease import holders_moved, parse_lease
@@ -24,7 +33,6 @@ from schedproj.store.protocol import (
     ENTRIES_CHANGED_MEMBER,
     EPOCH_VERSION,
     STAMP_MEMBER,
-    STATE_VERSION,
     WAKE_LIST_MAX,
     CounterKind,
     Keys,
@@ -202,11 +210,15 @@ class LaneStore:
     """Reads and writes lane state, the wake list and scheduling errors."""
 
     def __init__(self, client: redis.Redis, keys: Keys,
-                 audit_client: redis.Redis | None = None, *, read_page: int = READ_PAGE) -> None:
+                 audit_client: redis.Redis | None = None, *, read_page: int = READ_PAGE,
+                 compact_records: bool = False) -> None:
         self.client = client
         self.keys = keys
         self.audit_client = audit_client or client
         self.read_page = read_page
+        #: Write run and sched records in the compact format (``SCHEDPROJ_COMPACT_RECORDS``;
+        #: core/records.py). Records of either format are read whatever it says.
+        self.compact_records = compact_records
         #: How many lanes each call of the last tick read returned (its first call's, then
         #: each page's): what bounds how long one call holds Redis.
         self.read_pages: tuple[int, ...] = ()
@@ -678,7 +690,7 @@ class LaneStore:
         if len(self._written) > WRITTEN_MEMO_MAX:
             self._written.clear()
         for lane, record in records.items():
-            fld, raw = sched_field(lane), encode(record)
+            fld, raw = sched_field(lane), self.encode_record(record)
             args += [fld, raw]
             # Remembered before it is known written: a read back is compared with it, so an
             # entry never written only costs that read its decoding.
@@ -686,6 +698,16 @@ class LaneStore:
         for lane, look in (looks or {}).items():
             args += [lane, repr(float(look))]
         return [self.keys.beat_lock, self.keys.lanes, self.keys.due, self.keys.due_stamp], args
+
+    def encode_record(self, record: RunRecord | SchedRecord) -> str:
+        """A run or sched record as this store writes it (its format by
+        :attr:`compact_records`)."""
+        return encode(record, compact=self.compact_records)
+
+    @property
+    def record_format(self) -> int:
+        """The format version of the records this store writes."""
+        return COMPACT_FORMAT if self.compact_records else LONG_FORMAT
 
     def clear_inflight(self, beat_token: str, lane: str) -> None:
         """Forget a dispatch whose message never left, so the lane is due again next tick."""
@@ -743,7 +765,7 @@ class LaneStore:
         (written, reason refused)."""
         task_id, beat_fence = dispatch if dispatch is not None else ("", None)
         keys = [self.keys.lanes, self.keys.beat_fence, self.keys.changed, self.keys.epoch]
-        args = [run_field(lane), expected or "", encode(record),
+        args = [run_field(lane), expected or "", self.encode_record(record),
                 sched_field(lane) if dispatch is not None else "", task_id,
                 "" if beat_fence is None else str(beat_fence), lane,
                 "" if mark_ttl_s is None else str(int(mark_ttl_s * 1000))]
@@ -775,7 +797,7 @@ class LaneStore:
         first, *others = leases or [self.keys.lease]
         done = self._mark_lost(keys=[self.keys.lanes, first, self.keys.changed,
                                      self.keys.due, self.keys.epoch, *others],
-                               args=[run_field(lane), expected, encode(record), task_id,
+                               args=[run_field(lane), expected, self.encode_record(record), task_id,
                                      "1" if heavy else "0", lane])
         return int(done) == 1
 
@@ -795,7 +817,7 @@ class LaneStore:
             chunk = items[i:i + 1000]
             pipe = self.client.pipeline(transaction=False)
             for lane, record in chunk:
-                pipe.hsetnx(self.keys.lanes, run_field(lane), encode(record))
+                pipe.hsetnx(self.keys.lanes, run_field(lane), self.encode_record(record))
             pipe.zadd(self.keys.due, {lane: 0.0 for lane, _ in chunk}, nx=True)
             pipe.sadd(self.keys.changed, *(lane for lane, _ in chunk))
             written += sum(int(x) for x in pipe.execute()[:len(chunk)])
@@ -803,7 +825,7 @@ class LaneStore:
 
     def write_run(self, lane: str, record: RunRecord) -> None:
         pipe = self.client.pipeline(transaction=True)
-        pipe.hset(self.keys.lanes, run_field(lane), encode(record))
+        pipe.hset(self.keys.lanes, run_field(lane), self.encode_record(record))
         pipe.sadd(self.keys.changed, lane)
         pipe.execute()
 
@@ -821,8 +843,9 @@ class LaneStore:
         failure goes to ``journal_failed`` (else raised), the outcome recorded all the same."""
         keys = [self.keys.lease, self.keys.lanes, self.keys.wake, self.keys.due,
                 self.keys.changed, self.keys.due_stamp]
-        args = [token, run_field(lane), encoded if encoded is not None else encode(record),
-                fence, wake_message, "1" if write else "0", STATE_VERSION, WAKE_LIST_MAX,
+        args = [token, run_field(lane),
+                encoded if encoded is not None else self.encode_record(record),
+                fence, wake_message, "1" if write else "0", self.record_format, WAKE_LIST_MAX,
                 "" if due_at is None else repr(float(due_at)), lane,
                 "1" if member else "0", STAMP_MEMBER]
         if journal is not None and self.audit_client is self.client:
@@ -843,7 +866,7 @@ class LaneStore:
         """Record a refused message's outcome without touching the rest of the run record;
         with ``task_id``, that message's dispatch ends (it no longer holds its lane)."""
         done = self._skipped(keys=[self.keys.lanes, self.keys.wake, self.keys.changed],
-                             args=[run_field(lane), reason, wake_message, STATE_VERSION,
+                             args=[run_field(lane), reason, wake_message, self.record_format,
                                    WAKE_LIST_MAX, lane, task_id])
         return int(done) == 1
 

@@ -11,6 +11,8 @@
 -- KEYS[4] epoch record: with a dispatch check, nothing starts while Redis may have lost state
 -- (the check lease_acquire.lua makes); a message sent before a loss carries an older beat
 -- fence (epoch.lua moves it on), so it is refused as stale-beat afterwards.
+-- The sched record is read in either format, and the new record's mark is set under the name
+-- its own format uses (record_format.lua).
 -- ARGV[8] the in-flight mark's TTL in ms ('' = write the record as given): the new record's
 -- running_until becomes the server's clock plus this TTL, so no worker's clock decides when a
 -- light run's mark lapses (beat judges it with one TTL of grace).
@@ -19,6 +21,7 @@
 -- The epoch check lease_acquire.lua makes: nil when state is known intact, else the reason.
 -- include: epoch_refusal
 -- include: record_field
+-- include: record_format
 if ARGV[6] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[6] then return {0, 'stale-beat'} end
 if ARGV[4] ~= '' then
   local refusal = epoch_refusal(KEYS[4])
@@ -26,7 +29,7 @@ if ARGV[4] ~= '' then
   local raw = redis.call('HGET', KEYS[1], ARGV[4])
   local ok, sched = false, nil
   if raw then ok, sched = pcall(cjson.decode, raw) end
-  if not ok or type(sched) ~= 'table' or sched.inflight_task_id ~= ARGV[5] then
+  if not ok or type(sched) ~= 'table' or record_get(sched, 'inflight_task_id') ~= ARGV[5] then
     return {0, 'not-current-dispatch'}
   end
 end
@@ -37,7 +40,10 @@ if ARGV[8] and ARGV[8] ~= '' then
   local t = redis.call('TIME')
   local mark = string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1000000
                                      + tonumber(ARGV[8]) / 1000)
-  record = set_record_field(record, 'running_until', mark)
+  -- Named as the new record's format names it (the sched record read above may be of the
+  -- other format: record_format.lua).
+  record = set_record_field(record, record_name(record_text_format(record), 'running_until')
+                                    or 'running_until', mark)
 end
 redis.call('HSET', KEYS[1], ARGV[1], record)
 redis.call('SADD', KEYS[3], ARGV[7])

@@ -2,7 +2,8 @@
 -- KEYS[1] lease, KEYS[2] lanes hash, KEYS[3] wake list
 -- ARGV[1] token ('' for light lanes), ARGV[2] run field, ARGV[3] run record JSON,
 -- ARGV[4] fence of this run, ARGV[5] wake message, ARGV[6] '1' to write the record, '0' not,
--- ARGV[7] record format version, ARGV[8] longest the wake list may grow,
+-- ARGV[7] the new record's format version (the stored one may be of either format this
+-- release reads: record_format.lua), ARGV[8] longest the wake list may grow,
 -- ARGV[9] the lane's next due time for the due index ('' = leave it), ARGV[10] lane name;
 -- ARGV[11] '1' for a family member; KEYS[4] due index, KEYS[5] changed set (the lane is
 -- marked changed for beat). written is -3 for a member removed meanwhile (nothing kept).
@@ -13,6 +14,7 @@
 -- Every check happens before the first write, so an error can never leave half a change.
 -- include: tick_stamp
 -- include: record_field
+-- include: record_format
 local trusted = due_trusted(KEYS[4], KEYS[6], ARGV[12])
 -- A light run (no token) whose record names another run in flight (one that started after it:
 -- after a stalled heartbeat or a failover) records its outcome but leaves that run's in-flight
@@ -22,17 +24,19 @@ if ARGV[6] ~= '1' then written = -2 end
 local existing = redis.call('HGET', KEYS[2], ARGV[2])
 if written == 1 and existing then
   local ok, rec = pcall(cjson.decode, existing)
-  if not ok or type(rec) ~= 'table' or rec.v ~= tonumber(ARGV[7]) then
+  if not ok or type(rec) ~= 'table' or not record_format_known(rec.v) then
     written = -1
   else
     -- The numeric fields a reader relies on must be numbers (JSON null counts as wrong).
     for _, name in ipairs({'fence', 'runs', 'failures', 'backlog', 'last_run_at'}) do
-      if rec[name] ~= nil and rec[name] ~= cjson.null and type(rec[name]) ~= 'number' then
+      local value = record_get(rec, name)
+      if value ~= nil and value ~= cjson.null and type(value) ~= 'number' then
         written = -1
       end
     end
-    if rec.fence == cjson.null then written = -1 end
-    if written == 1 and (rec.fence or 0) > tonumber(ARGV[4]) then written = 0 end
+    local fence = record_get(rec, 'fence')
+    if fence == cjson.null then written = -1 end
+    if written == 1 and (fence or 0) > tonumber(ARGV[4]) then written = 0 end
   end
 end
 local released = 0
@@ -50,14 +54,17 @@ local record = ARGV[3]
 if written == 1 and ARGV[1] == '' and existing then
   local _, rec = pcall(cjson.decode, existing)
   local ok, new = pcall(cjson.decode, ARGV[3])
-  local other = rec.running_task_id
-  if ok and type(new) == 'table' and type(other) == 'string' and other ~= rec.last_task_id
-      and other ~= new.last_task_id then
+  local other = record_get(rec, 'running_task_id')
+  if ok and type(new) == 'table' and type(other) == 'string'
+      and other ~= record_get(rec, 'last_task_id') and other ~= record_get(new, 'last_task_id')
+      then
     -- Each mark copied, inserted where the finishing run's record leaves it out (null); a
-    -- mark the stored record leaves out is null, and stays out where the new one does.
-    for _, name in ipairs({'running_task_id', 'running_since', 'running_until'}) do
-      local value = rec[name]
-      if value ~= nil or string.find(record, '"' .. name .. '":', 1, true) then
+    -- mark the stored record leaves out is null, and stays out where the new one does. Read
+    -- by the stored record's format, written by the new one's (the two may differ mid-way
+    -- through turning SCHEDPROJ_COMPACT_RECORDS on or off).
+    for _, long in ipairs({'running_task_id', 'running_since', 'running_until'}) do
+      local value, name = record_get(rec, long), record_name(new.v, long)
+      if name and (value ~= nil or string.find(record, '"' .. name .. '":', 1, true)) then
         local text = type(value) == 'number' and string.format('%.6f', value)
                      or cjson.encode(value == nil and cjson.null or value)
         record = set_record_field(record, name, text)
