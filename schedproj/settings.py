@@ -189,7 +189,7 @@ class Settings(BaseSettings):
         "only once all of them run a release that reads it (this one or later): an earlier "
         "release refuses a compact record (a version error naming its key). Off, records are "
         "written in the long format; either way both formats are read. Before rolling back "
-        "below this release, turn it off and run 'schedproj records --long'.")
+        "below this release, turn it off and run 'schedproj records --to long'.")
     wake_on_release: bool = Field(
         default=True,
         description="Beat blocks on the wake list so a finishing run is followed at once; "

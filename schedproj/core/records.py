@@ -220,7 +220,13 @@ def encode(record: RunRecord | SchedRecord | LeaseView, *, compact: bool = False
 def decode(cls: type[R], raw: str | bytes, key: str) -> R:
     """Parse a record, raising :class:`StateError` naming ``key`` on anything unexpected. A run
     or sched record is read in either format (:data:`RECORD_FORMATS`)."""
+    return decode_with_format(cls, raw, key)[1]
+
+
+def decode_with_format(cls: type[R], raw: str | bytes, key: str) -> tuple[int, R]:
+    """:func:`decode`, and the format version the record was stored in."""
     long_names = _LONG_NAMES.get(cls)
+    version = STATE_VERSION
     if long_names is None:
         data = codec.loads(raw, key, STATE_VERSION)
     else:
@@ -234,7 +240,7 @@ def decode(cls: type[R], raw: str | bytes, key: str) -> R:
     if unknown:
         raise StateError(key, f"unknown fields {sorted(unknown)}")
     try:
-        return _build(cls, data)
+        return version, _build(cls, data)
     except (TypeError, ValueError) as exc:
         raise StateError(key, f"bad field value ({exc})") from None
 
@@ -307,6 +313,7 @@ __all__ = [
     "RunRecord",
     "SchedRecord",
     "decode",
+    "decode_with_format",
     "encode",
     "replace",
 ]

@@ -903,6 +903,34 @@ def run_now(lane: str) -> None:
     click.echo(f"{lane} will run at the next tick it can (heavy lanes wait for the lease)")
 
 
+@main.command()
+@click.option("--to", "target", type=click.Choice(["long", "compact"]), required=True,
+              help="long: the format every release reads (before rolling back below the "
+              "release that introduced the compact one); compact: the short-key format.")
+@click.option("--dry-run", is_flag=True, help="Count the records to rewrite; write nothing.")
+def records(target: str, dry_run: bool) -> None:
+    """Rewrite every lane's run and sched records in one format (SCHEDPROJ_COMPACT_RECORDS).
+    Run --to long after turning the setting off everywhere and before rolling back below the
+    release that introduced it; a record its writer changed meanwhile is left (run again)."""
+    settings, client, keys = _state_handles()
+    from schedproj.store.record_rewrite import rewrite_records
+
+    if target == "long" and settings.compact_records and not dry_run:
+        raise click.ClickException(
+            "SCHEDPROJ_COMPACT_RECORDS is on here: turn it off on beat and every worker (and "
+            "here) first, or their writes keep making compact records")
+    with _reaching(settings):
+        counts = rewrite_records(client, keys, compact=target == "compact", dry_run=dry_run)
+    verb = "would be rewritten" if dry_run else "rewritten"
+    click.echo(f"{counts.rewritten} records {verb} in the {target} format, {counts.already} "
+               f"already in it, {counts.changed} changed meanwhile by their writer (run again), "
+               f"{len(counts.unreadable)} unreadable (left untouched)")
+    for problem in counts.unreadable:
+        click.echo(f"  {problem}", err=True)
+    if counts.changed or counts.unreadable:
+        raise SystemExit(1)
+
+
 @main.command(name="clear-lease")
 @click.option("-A", "--app", "app_name", default=DEFAULT_APP, show_default=True,
               help="Celery app used to reach the holder's worker.")

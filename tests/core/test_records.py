@@ -4,12 +4,13 @@ naming the key, so garbage never reaches the picker."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
 import pytest
 
-from schedproj.core import records, schedules
+from schedproj.core import codec, records, schedules
 from schedproj.core.defaults import STATE_VERSION
 from schedproj.core.deferrals import Deferral
 from schedproj.core.errors import StateError
@@ -264,3 +265,87 @@ def test_a_missed_fire_time_is_kept_exactly() -> None:
     assert back.missed_through == fire
     assert schedules.missed_fires(schedules.OneOffFireTimes(fire), None, back.missed_through,
                                   fire + 3600, 60.0) is None
+
+
+# -- the compact format (version 2, SCHEDPROJ_COMPACT_RECORDS; issue 23: Redis bytes) --------
+
+#: A family member's records as the million bench writes them (a uuid task id, 2026 times).
+BENCH_RUN = RunRecord(last_run_at=NOW, last_outcome=Outcome.COMPLETED,
+                      last_task_id="e86a6435-1b49-4cb4-b16e-586b051b7687", runs=1)
+BENCH_SCHED = SchedRecord(inflight_task_id="e86a6435-1b49-4cb4-b16e-586b051b7687",
+                          inflight_deadline=NOW + 60, last_dispatch_at=NOW - 1, dispatches=1)
+
+
+@pytest.mark.parametrize("record", [RunRecord(), SchedRecord(), FULL_RUN, FULL_SCHED,
+                                    BENCH_RUN, BENCH_SCHED, RunRecord(since=3.0, runs=2),
+                                    SchedRecord(missed_through=1796405433.1234565, missed=0)])
+def test_both_formats_round_trip_to_the_same_record(record: Any) -> None:
+    long, compact = encode(record), encode(record, compact=True)
+    assert json.loads(long)["v"] == records.LONG_FORMAT == STATE_VERSION
+    assert json.loads(compact)["v"] == records.COMPACT_FORMAT
+    assert decode(type(record), long, "k") == decode(type(record), compact, "k")
+    assert records.decode_with_format(type(record), compact, "k")[0] == records.COMPACT_FORMAT
+    # Re-encoded from what was read, in either format, the text is the same.
+    back = decode(type(record), compact, "k")
+    assert (encode(back), encode(back, compact=True)) == (encode(record),
+                                                          encode(record, compact=True))
+
+
+def test_the_compact_format_names_each_field_by_its_short_key() -> None:
+    """The same fields as the long format (those holding their default left out), each under
+    its key from the fixed table; a deferral keeps its own field names."""
+    for record in (FULL_RUN, FULL_SCHED, BENCH_RUN, BENCH_SCHED):
+        short = records.SHORT_NAMES[type(record)]
+        long, compact = json.loads(encode(record)), json.loads(encode(record, compact=True))
+        assert compact == {"v": 2, **{short[name]: value for name, value in long.items()
+                                      if name != "v"}}
+    assert json.loads(encode(FULL_SCHED, compact=True))["df"]["blocker"] == "b"
+
+
+def test_the_short_key_table_is_complete_and_unambiguous() -> None:
+    """Every field has one key, no two fields of a record share one, and no field name is in
+    both records (lua/record_format.lua keeps them in one table: tests/store check it equal)."""
+    for cls, table in records.SHORT_NAMES.items():
+        assert list(table) == [f.name for f in dataclasses.fields(cls)]
+        assert len(set(table.values())) == len(table)
+        assert all(1 <= len(key) <= 2 for key in table.values())
+    assert not set(records.SHORT_NAMES[RunRecord]) & set(records.SHORT_NAMES[SchedRecord])
+
+
+def test_the_bench_records_fall_to_the_112_byte_class_when_compact() -> None:
+    """Redis keeps a field's value as an sds string (3 bytes of header, 1 of terminator) in a
+    jemalloc class: 129 and 155 bytes take 160 each, 94 and 100 take 112 (32 bytes less
+    twice)."""
+    for record in (BENCH_RUN, BENCH_SCHED):
+        assert 124 < len(encode(record)) + 4 <= 160
+        assert len(encode(record, compact=True)) + 4 <= 112
+
+
+def test_a_lease_ignores_the_compact_setting() -> None:
+    """Only the run and sched records have a compact format; the lease stays version 1."""
+    assert encode(FULL_LEASE, compact=True) == encode(FULL_LEASE)
+
+
+def test_a_compact_record_with_a_long_field_name_is_refused() -> None:
+    """Each format knows only its own names: a record mixing them is garbage, not a guess."""
+    mixed = '{"v":2,"t":1.5,"runs":1}'
+    with pytest.raises(StateError, match=r"unknown fields \['runs'\]"):
+        decode(RunRecord, mixed, "lanes field 'L|run'")
+    with pytest.raises(StateError, match=r"unknown fields \['t'\]"):
+        decode(RunRecord, '{"v":1,"t":1.5}', "lanes field 'L|run'")
+    with pytest.raises(StateError, match="must be a number"):
+        decode(RunRecord, '{"v":2,"n":"one"}', "lanes field 'L|run'")
+
+
+def test_the_previous_release_meets_a_compact_record_with_a_version_error() -> None:
+    """A release before the compact format reads version 1 only (``codec.loads(raw, key, 1)``,
+    as its ``decode`` did): a compact record is refused naming its key, never misread. This
+    release's codec also says a newer release wrote it and what fixes it."""
+    key = "schedproj:lanes field 'fam:acme|run'"
+    with pytest.raises(StateError) as caught:
+        codec.loads(encode(BENCH_RUN, compact=True), key, STATE_VERSION)
+    message = str(caught.value)
+    assert key in message and "format version 2, this schedproj reads version 1" in message
+    assert "a newer schedproj wrote it" in message and "run a matching schedproj" in message
+    with pytest.raises(StateError, match="format version 3, this schedproj reads version 1 or 2"):
+        decode(RunRecord, '{"v":3}', key)
