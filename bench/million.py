@@ -67,7 +67,7 @@ from bench.tickcost import (
 from schedproj import LaneTask, Settings, configure_app
 from schedproj.core.families import LaneFamily, member_lane
 from schedproj.core.lanes import LaneKind
-from schedproj.core.records import Outcome, RunRecord, SchedRecord, encode
+from schedproj.core.records import Outcome, RunRecord, SchedRecord, decode, encode
 from schedproj.on_celery.beat import FairScheduler
 from schedproj.rem import lanes as rem  # the REM chain (shared tasks: in every app made after)
 from schedproj.store.entry_store import EntryStore
@@ -179,10 +179,10 @@ def redis_memory(client: redis.Redis, prefix: str, n: int, before: int) -> dict[
 
 # -- FairScheduler: a family of N members beside the REM chain -------------------------------
 
-def family_app(url: str, prefix: str) -> Celery:
+def family_app(url: str, prefix: str, compact: bool = False) -> Celery:
     settings = Settings.load(broker_url=url, redis_url=url, key_prefix=prefix,
                              wake_on_release=False, beat_max_loop_interval_s=LOOP_INTERVAL_S,
-                             beat_lock_ttl_s=BEAT_LOCK_TTL_S)
+                             beat_lock_ttl_s=BEAT_LOCK_TTL_S, compact_records=compact)
     # Current, as `celery beat` makes its app: the REM chain's due checks read the current
     # app's store (schedproj.rem.lanes), or they would read another app's Redis and prefix.
     app = Celery(f"bench-million-{prefix}", set_as_current=True)
@@ -202,38 +202,42 @@ def rem_lanes(app: Celery) -> list[str]:
     return list(rem.LANE_NAMES)
 
 
-def idle_records(names: list[str], now: float) -> dict[Any, Any]:
-    """Every lane ran just now and its message was the one beat sent: nothing is due."""
+def idle_records(names: list[str], now: float, compact: bool = False) -> dict[Any, Any]:
+    """Every lane ran just now and its message was the one beat sent: nothing is due. In the
+    compact format with ``compact`` (as the workers and beat write them with
+    SCHEDPROJ_COMPACT_RECORDS on)."""
     mapping: dict[Any, Any] = {}
     for name in names:
         task_id = str(uuid.uuid4())
         mapping[f"{name}|run"] = encode(RunRecord(
-            last_run_at=now, last_outcome=Outcome.COMPLETED, last_task_id=task_id, runs=1))
+            last_run_at=now, last_outcome=Outcome.COMPLETED, last_task_id=task_id, runs=1),
+            compact=compact)
         mapping[f"{name}|sched"] = encode(SchedRecord(
             inflight_task_id=task_id, inflight_deadline=now + 60, last_dispatch_at=now - 1,
-            dispatches=1))
+            dispatches=1), compact=compact)
     return mapping
 
 
-def seed_idle(client: redis.Redis, keys: Keys, names: list[str], now: float) -> None:
+def seed_idle(client: redis.Redis, keys: Keys, names: list[str], now: float,
+              compact: bool = False) -> None:
     """Write ``names``' records as if each ran just now (what the workers' scripts and beat's
     dispatches leave), their next look one cadence on, and mark them changed."""
     for start in range(0, len(names), SEED_CHUNK):
         chunk = names[start:start + SEED_CHUNK]
         pipe = client.pipeline(transaction=False)
-        pipe.hset(keys.lanes, mapping=idle_records(chunk, now))
+        pipe.hset(keys.lanes, mapping=idle_records(chunk, now, compact))
         pipe.zadd(keys.due, dict.fromkeys(chunk, now + CADENCE_S))
         pipe.sadd(keys.changed, *chunk)
         pipe.execute()
 
 
-def family_setup(url: str, prefix: str, n: int, due: int) -> tuple[Celery, list[str],
-                                                                    list[str], dict[str, Any]]:
+def family_setup(url: str, prefix: str, n: int, due: int, compact: bool = False
+                 ) -> tuple[Celery, list[str], list[str], dict[str, Any]]:
     """The app, its heavy and light member lanes, and how long adding and seeding took."""
     client = redis.Redis.from_url(url, decode_responses=True)
     keys = Keys(prefix)
-    app = family_app(url, prefix)
-    store = FamilyStore(client, keys, [HEAVY_FAMILY, LIGHT_FAMILY])
+    app = family_app(url, prefix, compact)
+    store = FamilyStore(client, keys, [HEAVY_FAMILY, LIGHT_FAMILY], compact_records=compact)
     start = time.perf_counter()
     store.add(HEAVY_FAMILY, (member_key(i) for i in range(n)))
     store.add(LIGHT_FAMILY, (member_key(i) for i in range(due)))
@@ -241,12 +245,13 @@ def family_setup(url: str, prefix: str, n: int, due: int) -> tuple[Celery, list[
     heavy = [member_lane(HEAVY_FAMILY, member_key(i)) for i in range(n)]
     light = [member_lane(LIGHT_FAMILY, member_key(i)) for i in range(due)]
     start = time.perf_counter()
-    seed_idle(client, keys, heavy + light + rem_lanes(app), time.time())
+    seed_idle(client, keys, heavy + light + rem_lanes(app), time.time(), compact)
     seeded = time.perf_counter() - start
     return app, heavy, light, {"add_members_s": round(added, 1), "seed_records_s": round(seeded, 1)}
 
 
-def make_heavy_due(client: redis.Redis, keys: Keys, names: list[str], now: float) -> None:
+def make_heavy_due(client: redis.Redis, keys: Keys, names: list[str], now: float,
+                   compact: bool = False) -> None:
     """``names`` due with different staleness ratios (1.0 to 10.6), nothing in flight."""
     for start in range(0, len(names), SEED_CHUNK):
         chunk = names[start:start + SEED_CHUNK]
@@ -254,7 +259,7 @@ def make_heavy_due(client: redis.Redis, keys: Keys, names: list[str], now: float
         pipe.hset(keys.lanes, mapping={
             f"{name}|run": encode(RunRecord(
                 last_run_at=now - CADENCE_S * (1.0 + ((start + i) % 97) / 10.0),
-                last_outcome=Outcome.COMPLETED, runs=1))
+                last_outcome=Outcome.COMPLETED, runs=1), compact=compact)
             for i, name in enumerate(chunk)})
         pipe.hdel(keys.lanes, *[f"{name}|sched" for name in chunk])
         pipe.zadd(keys.due, dict.fromkeys(chunk, now - 1.0))
@@ -262,15 +267,18 @@ def make_heavy_due(client: redis.Redis, keys: Keys, names: list[str], now: float
         pipe.execute()
 
 
-def complete_light(client: redis.Redis, keys: Keys, names: list[str], due_at: float) -> None:
+def complete_light(client: redis.Redis, keys: Keys, names: list[str], due_at: float,
+                   compact: bool = False) -> None:
     """Every dispatched light run finished at ``due_at`` (two cadences back: due again)."""
     raw = client.hmget(keys.lanes, [f"{name}|sched" for name in names])
     pipe = client.pipeline(transaction=False)
     mapping: dict[Any, Any] = {}
     for name, sched_raw in zip(names, raw, strict=True):
-        task_id = json.loads(sched_raw)["inflight_task_id"] if sched_raw else None
+        task_id = (decode(SchedRecord, sched_raw, name).inflight_task_id if sched_raw
+                   else None)
         mapping[f"{name}|run"] = encode(RunRecord(
-            last_run_at=due_at, last_outcome=Outcome.COMPLETED, last_task_id=task_id, runs=1))
+            last_run_at=due_at, last_outcome=Outcome.COMPLETED, last_task_id=task_id, runs=1),
+            compact=compact)
     pipe.hset(keys.lanes, mapping=mapping)
     pipe.zadd(keys.due, dict.fromkeys(names, due_at + CADENCE_S))
     pipe.sadd(keys.changed, *names)
@@ -278,11 +286,12 @@ def complete_light(client: redis.Redis, keys: Keys, names: list[str], due_at: fl
 
 
 def light_cycles(sched: FairScheduler, sent: list[int], client: redis.Redis, keys: Keys,
-                 light: list[str], cycles: int) -> list[tuple[float, int]]:
+                 light: list[str], cycles: int, compact: bool = False
+                 ) -> list[tuple[float, int]]:
     """The ticks that dispatch ``light`` due at once, ``cycles`` times after a first."""
     samples = []
     for cycle in range(cycles + 1):
-        complete_light(client, keys, light, time.time() - 2 * CADENCE_S)
+        complete_light(client, keys, light, time.time() - 2 * CADENCE_S, compact)
         before_sent = sent[0]
         sample = timed(sched.tick)[:2]
         assert sent[0] - before_sent == len(light), \
@@ -293,11 +302,11 @@ def light_cycles(sched: FairScheduler, sent: list[int], client: redis.Redis, key
 
 
 def run_family(url: str, n: int, due: int, reps: int, cycles: int, result: dict[str, Any],
-               *, trace: bool, profile: bool) -> None:
+               *, trace: bool, profile: bool, compact: bool = False) -> None:
     client = redis.Redis.from_url(url, decode_responses=True)
     keys = Keys(FAMILY_PREFIX)
     before = used_memory(client)
-    app, heavy, light, result["setup"] = family_setup(url, FAMILY_PREFIX, n, due)
+    app, heavy, light, result["setup"] = family_setup(url, FAMILY_PREFIX, n, due, compact)
     say(f"family: set up in {result['setup']}")
     result["memory"]["app_kib"] = settled_rss_kib()
     reset_slowlog(client)
@@ -320,7 +329,7 @@ def run_family(url: str, n: int, due: int, reps: int, cycles: int, result: dict[
         result["profile"] = {"idle": profiled(sched.tick)}
     # Rank and grant with `due` heavy members due among the N.
     due_heavy = heavy[:: max(1, n // due)][:due]
-    make_heavy_due(client, keys, due_heavy, time.time())
+    make_heavy_due(client, keys, due_heavy, time.time(), compact)
     result["rank"] = {"due": len(due_heavy),
                       **rank_cycles(sched, sent, client, keys, due_heavy, cycles)}
     if profile:
@@ -330,9 +339,9 @@ def run_family(url: str, n: int, due: int, reps: int, cycles: int, result: dict[
     say(f"family: rank {result['rank']['rank_tick']['ms']['median']} ms, floor "
         f"{result['rank']['floor']['ms']['median']} ms")
     # Light dispatch: the heavy members idle again, then `due` light members due at once.
-    seed_idle(client, keys, due_heavy, time.time())
+    seed_idle(client, keys, due_heavy, time.time(), compact)
     sched.tick()
-    samples = light_cycles(sched, sent, client, keys, light, cycles)
+    samples = light_cycles(sched, sent, client, keys, light, cycles, compact)
     result["dispatch"] = dispatch_stats(samples, len(light))
     sched.close()
     del sched
@@ -719,16 +728,21 @@ def main(argv: list[str] | None = None) -> int:
                         help="also trace one more start's allocations (tracemalloc)")
     parser.add_argument("--profile", action="store_true",
                         help="family: profile an idle, a ranking and a lease-held tick")
+    parser.add_argument("--compact-records", action="store_true",
+                        help="family: records in the compact format (SCHEDPROJ_COMPACT_RECORDS "
+                        "on for beat, the seeded records and the members added)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     redis.Redis.from_url(args.redis).flushdb()
     ROUND_TRIPS.install()
     hours = bench_entries.quiet_hours(datetime.now(UTC))
     result: dict[str, Any] = {"case": args.case, "lanes": args.lanes, "due": args.due,
+                              "compact_records": args.compact_records,
                               "memory": {"baseline_kib": settled_rss_kib()}}
     if args.case == "family":
         run_family(args.redis, args.lanes, args.due, args.reps, args.cycles, result,
-                   trace=args.trace_memory, profile=args.profile)
+                   trace=args.trace_memory, profile=args.profile,
+                   compact=args.compact_records)
     elif args.case == "entries":
         run_entries(args.redis, args.lanes, args.due, args.reps, args.cycles, result,
                     trace=args.trace_memory, hours=hours)

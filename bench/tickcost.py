@@ -50,7 +50,7 @@ from schedproj import Lane, LaneKind, LaneTask, Settings, configure_app
 from schedproj.core.calendar import next_fire
 from schedproj.core.collector import cyclic_gc_paused
 from schedproj.core.families import LaneFamily, member_lane, split_member
-from schedproj.core.records import Outcome, RunRecord, SchedRecord, encode
+from schedproj.core.records import COMPACT_FORMAT, Outcome, RunRecord, SchedRecord, encode
 from schedproj.on_celery.beat import FairScheduler
 from schedproj.store.families import FamilyStore
 from schedproj.store.lane_store import LaneStore
@@ -291,10 +291,15 @@ def rank_floor(client: redis.Redis, keys: Keys, names: list[str]) -> float:
         start = time.perf_counter()
         raw = client.hmget(keys.lanes, [f"{name}|run" for name in names])
         now = time.time()
-        best = max((now - json.loads(r)["last_run_at"]) / CADENCE_S for r in raw if r)
+        # (Either format: the long one's key, or the compact one's, SCHEDPROJ_COMPACT_RECORDS.)
+        best = max((now - _last_run_at(json.loads(r))) / CADENCE_S for r in raw if r)
         elapsed = time.perf_counter() - start
     assert best > 1.0
     return elapsed
+
+
+def _last_run_at(data: dict[str, Any]) -> float:
+    return float(data["t"] if data["v"] == COMPACT_FORMAT else data["last_run_at"])
 
 
 def fair_rank(url: str, n: int, reps: int, result: dict[str, Any], profile: bool,
