@@ -299,3 +299,38 @@ def test_gated_lane_runs_right_after_its_blocker_finishes(
             "the consumer ran while its blocker was running"
     assert ("lane e2e.consumer deferred: golden-path-dependency-backpressure "
             "(blocker e2e.producer)") in beat.text()
+
+
+def test_a_fleet_mid_way_through_turning_compact_records_on(
+        r: redis.Redis, tmp_path: Path, cluster_factory: list[Cluster]) -> None:
+    """SCHEDPROJ_COMPACT_RECORDS on for beat and the heavy worker, still off for the light
+    worker (a rollout half done): the lanes run as ever, heavy runs never overlap, and every
+    record decodes, in the format of the process that wrote it."""
+    from schedproj.core.records import (
+        COMPACT_FORMAT,
+        LONG_FORMAT,
+        RunRecord,
+        SchedRecord,
+        decode_with_format,
+    )
+    r.set(f"{PREFIX}:e2e:backlog", 30)  # 3 s of heavy work, cap 1.5 s: it yields
+    c = make_cluster(tmp_path, "fairness")
+    cluster_factory.append(c)
+    c.env["SCHEDPROJ_COMPACT_RECORDS"] = "1"
+    c.worker("heavy1", "heavy")
+    c.beat("beat1")
+    c.env["SCHEDPROJ_COMPACT_RECORDS"] = "0"
+    c.worker("light1", "light", concurrency=2)
+    wait_for(lambda: int(r.get(f"{PREFIX}:e2e:backlog") or 0) <= 0, 40, "backlog drained")
+    wait_for(lambda: sum(x["lane"] == "e2e.light" for x in runs(r)) >= 3, 20, "light runs")
+    assert_no_overlap(heavy_runs(r))
+    assert not r.hgetall(KEYS.errors), r.hgetall(KEYS.errors)
+
+    def stored(field: str, cls: type) -> tuple[int, object]:
+        return decode_with_format(cls, r.hget(KEYS.lanes, field), field)
+
+    version, backlog = stored("e2e.backlog|run", RunRecord)
+    assert version == COMPACT_FORMAT and backlog.runs >= 2 and backlog.fence > 0
+    version, light = stored("e2e.light|run", RunRecord)
+    assert version == LONG_FORMAT and light.runs >= 3 and light.failures == 0
+    assert stored("e2e.light|sched", SchedRecord)[0] == COMPACT_FORMAT
