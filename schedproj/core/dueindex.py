@@ -38,6 +38,12 @@ if TYPE_CHECKING:  # the worker files due times through this module: not the pla
 DERIVED_RECONCILE_S = 300.0
 #: Lanes a tick of the reconcile cycle re-checks (``Settings.reconcile_slice``): a read page.
 RECONCILE_SLICE = 5000
+#: :class:`TickMemory` rebuilds its containers once they hold under a quarter of the most
+#: they held since they were last rebuilt, if that most was at least this many lanes. A
+#: Python dict or set never shrinks its table when keys are deleted: a start-up tick that
+#: learnt 1,000,000 lanes' states and then forgot all but the due ones kept two dicts sized
+#: for 1,000,000 (about 40 MiB each) and sets as large, for as long as beat ran.
+SHRINK_FLOOR = 4096
 
 
 def next_look(spec: LaneSpec, state: LaneState, now: float, *, paused: bool = False,
@@ -119,6 +125,8 @@ class TickMemory:
     #: The lanes read every tick whose last planning left them with nothing to do (``hush``),
     #: skipped while nothing they were planned on changed (``quiet_now``).
     quiet: dict[str, Quiet] = field(default_factory=dict)
+    #: The most lanes a container held since the containers were last rebuilt (``_shrink``).
+    high: int = field(default=0, compare=False, repr=False)
 
     @property
     def due(self) -> set[str]:
@@ -131,10 +139,26 @@ class TickMemory:
         return any(lanes for pool, lanes in self.waiting_of.items() if pool != DEFAULT_POOL)
 
     def reset(self) -> None:
-        self.cursor, self.lease_token = None, None
+        self.cursor, self.lease_token, self.high = None, None, 0
         for part in (self.states, self.scores, self.active, self.waiting, self.waiting_of,
                      self.holds, self.skipped, self.quiet):
-            part.clear()
+            part.clear()  # (a cleared dict or set frees its table)
+
+    @property
+    def held(self) -> int:
+        """How many lanes the largest container holds."""
+        return max(len(self.states), len(self.scores), len(self.active), len(self.waiting))
+
+    def _shrink(self) -> None:
+        """Rebuild the containers when they hold under a quarter of the most they held
+        (:data:`SHRINK_FLOOR`): a copy's table is sized for what it holds. Costs what they
+        hold, at most once per three quarters of the most forgotten."""
+        held = self.held
+        if self.high >= SHRINK_FLOOR and 4 * held < self.high:
+            self.states, self.scores = dict(self.states), dict(self.scores)
+            self.active, self.waiting = set(self.active), set(self.waiting)
+            self.waiting_of = {pool: set(lanes) for pool, lanes in self.waiting_of.items()}
+            self.high = held
 
     def learn(self, states: Mapping[str, LaneState], scores: Mapping[str, float | None],
               errors: Collection[str]) -> set[str]:
@@ -148,6 +172,7 @@ class TickMemory:
         for lane, score in scores.items():
             if score is not None:
                 self.scores[lane] = score
+        self.high = max(self.high, self.held)
         return gone
 
     def forget(self, lane: str) -> None:
@@ -273,6 +298,8 @@ class TickMemory:
                     self.active.add(lane)
             else:
                 self.forget(lane)
+        self.high = max(self.high, self.held)
+        self._shrink()
         self.cursor = now
         self.lease_token = lease_token
         self.holds = dict(holds or {})
@@ -303,5 +330,6 @@ def with_changes(states: Mapping[str, LaneState],
 
 #: ``NEVER`` and ``due_at`` (the due-time rule, ``core.due``) are named here too: the worker
 #: files a finished run's due time through the due index.
-__all__ = ["DERIVED_RECONCILE_S", "NEVER", "RECONCILE_SLICE", "Holds", "Quiet", "TickMemory",
-           "due_at", "full_holds", "gated_back", "next_look", "waits_for_lease", "with_changes"]
+__all__ = ["DERIVED_RECONCILE_S", "NEVER", "RECONCILE_SLICE", "SHRINK_FLOOR", "Holds", "Quiet",
+           "TickMemory", "due_at", "full_holds", "gated_back", "next_look", "waits_for_lease",
+           "with_changes"]

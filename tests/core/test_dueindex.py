@@ -5,6 +5,7 @@ lanes the index and memory name decides exactly what planning every lane decides
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import replace
 
 import pytest
@@ -539,3 +540,35 @@ def test_a_lane_left_with_work_or_a_run_to_judge_is_never_quiet() -> None:
     mem.hush(plan(replace(sc, states={**states, "b": running}, probes={"c": 0})),
              ["b", "c"], {"c": 0}, None, GRACE)
     assert "b" not in mem.quiet, "a run under way may lapse: judged every tick"
+
+
+def test_forgetting_most_lanes_gives_back_the_tables_they_needed() -> None:
+    """A dict or set never shrinks its table when keys are deleted: a start-up read of
+    N lanes, all but a few of them not due, must not leave beat holding tables sized for N."""
+    now, n = 1000.0, 50_000
+    lanes = [f"fam[t{i:07d}]" for i in range(n)]
+    states = dict.fromkeys(lanes, LaneState())
+    mem = TickMemory()
+    mem.learn(states, dict.fromkeys(lanes, now - 1), ())
+    assert sys.getsizeof(mem.states) > 1_000_000  # as large as the read (the test's premise)
+    # Every lane due: kept (active); then all but ten ran and are not due any more.
+    mem.settle(dict.fromkeys(lanes, now), now, None, waiting=lanes[:100], states=states)
+    assert len(mem.active) == n - 100 and sys.getsizeof(mem.active) > 1_000_000
+    mem.settle({lane: (now if i < 10 else now + 60) for i, lane in enumerate(lanes)}, now, None,
+               waiting=(), states=states)
+    assert mem.due == set(lanes[:10]) and set(mem.states) == set(lanes[:10])
+    for part in (mem.states, mem.scores, mem.active, mem.waiting, *mem.waiting_of.values()):
+        assert sys.getsizeof(part) < 4096, type(part)
+
+
+def test_memory_that_shrinks_little_is_not_copied_every_tick() -> None:
+    now = 1000.0
+    lanes = [f"l{i}" for i in range(10_000)]
+    states = dict.fromkeys(lanes, LaneState())
+    mem = TickMemory()
+    mem.learn(states, dict.fromkeys(lanes, now), ())
+    mem.settle(dict.fromkeys(lanes, now), now, None, waiting=(), states=states)
+    kept = mem.states
+    # Half forgotten: under the quarter that makes a copy worth its cost, the table is kept.
+    mem.settle(dict.fromkeys(lanes[:5000], now + 60), now, None, waiting=(), states=states)
+    assert mem.states is kept and len(mem.states) == 5000
