@@ -272,19 +272,33 @@ class LoadedEntry:
             self.last_run_at, self.runs = state.last_run_at, state.total_run_count
 
     def info(self) -> str:
-        return json.dumps({"task": self.task, "schedule": self.shown_schedule(),
-                           "source": self.source}, separators=(",", ":"))
+        return entry_info(self.task, self.shown_schedule(), self.source)
 
     def shown_schedule(self) -> str:
-        """Its schedule as operators see it: :attr:`schedule_key`, and the zone and catch-up
-        window it names itself (not the app's), e.g. ``<crontab: 30 2 * * * (m/h/dM/MY/d)>
-        in Europe/Berlin, catch-up 3600s``. Read without parsing its schedule."""
-        own: Any = self.own if isinstance(self.own, Mapping) else {}
-        zone, window = own.get("timezone"), own.get("catchup_window_s")
-        words = [f"in {zone}"] if isinstance(zone, str) and zone != self.zone else []
-        if isinstance(window, (int, float)) and not isinstance(window, bool):
-            words.append(f"catch-up {window:g}s")
-        return " ".join([self.base_key, ", ".join(words)]) if words else self.base_key
+        """Its schedule as operators see it (:func:`shown_schedule`)."""
+        return shown_schedule(self.base_key, self.own, self.zone)
+
+
+#: The listing's JSON, compact (``json.dumps`` with separators built an encoder per call).
+_INFO_ENCODER = json.JSONEncoder(separators=(",", ":"))
+
+
+def entry_info(task: Any, shown: str, source: str) -> str:
+    """What the listing operators read holds of an entry (``Keys.entries_info``)."""
+    return _INFO_ENCODER.encode({"task": task, "schedule": shown, "source": source})
+
+
+def shown_schedule(base_key: str, own: Any, zone: str) -> str:
+    """An entry's schedule as operators see it: its :func:`schedule_key` (``base_key``), and
+    the zone and catch-up window it names itself in ``own`` (its :data:`OWN_OPTIONS`; not the
+    app's ``zone``), e.g. ``<crontab: 30 2 * * * (m/h/dM/MY/d)> in Europe/Berlin, catch-up
+    3600s``. Read without parsing its schedule."""
+    found: Any = own if isinstance(own, Mapping) else {}
+    tz, window = found.get("timezone"), found.get("catchup_window_s")
+    words = [f"in {tz}"] if isinstance(tz, str) and tz != zone else []
+    if isinstance(window, (int, float)) and not isinstance(window, bool):
+        words.append(f"catch-up {window:g}s")
+    return " ".join([base_key, ", ".join(words)]) if words else base_key
 
 
 def own_settings(own: Any, zone: str) -> tuple[str, float | None]:
@@ -421,6 +435,31 @@ class CodeEntries(Mapping[str, LoadedEntry]):
         if self._last_run_at[i] != _NOTHING:
             entry.last_run_at, entry.runs = self._last_run_at[i], self._runs[i]
         return entry
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """``self[name]``, or ``default``: one bisection (``name in self`` and then
+        ``self[name]`` were two, for every entry a tick reads)."""
+        try:
+            return self[name]
+        except KeyError:
+            return default
+
+    def info(self, name: str) -> str | None:
+        """:meth:`LoadedEntry.info` of the entry (None: none is named so), read from its spec
+        without making the entry: the listing a take-over publishes asks it of every one."""
+        if self._index(name) < 0:
+            return None
+        spec: Any = self._specs[name]
+        sched = maybe_schedule(spec.get("schedule"), spec.get("relative", False), app=self.app)
+        options = spec.get("options")
+        own = options.get(OWN_OPTIONS) if options else None
+        return entry_info(spec.get("task"), shown_schedule(schedule_key(sched), own, self.zone),
+                          "code")
+
+    def remembers(self, name: str) -> bool:
+        """Whether a state of the entry is remembered (this beat read or wrote one)."""
+        i = self._index(name)
+        return i >= 0 and self._last_run_at[i] != _NOTHING
 
     def _index(self, name: str) -> int:
         i = bisect_left(self._names, name)
@@ -633,6 +672,9 @@ class BeatEntries:
         self._index_healed_at = self._info_healed_at = float("-inf")
         #: The pass over every entry under way (None: none), a page a step.
         self._pass: EntriesPass | None = None
+        #: The last tick left entries work for the next (a pass under way, due entries not
+        #: judged yet): beat comes back without its idle floor (:meth:`tick`).
+        self.work_left = False
 
     @property
     def names(self) -> list[str]:
@@ -652,9 +694,12 @@ class BeatEntries:
     def entry(self, name: str) -> LoadedEntry | None:
         """The entry named ``name`` (a code entry's made now), None if none is."""
         found = self.runtime.get(name)
-        if found is None and name in self.code:
-            found = self.code[name]
-        return found
+        return found if found is not None else self.code.get(name)
+
+    def _info_of(self, name: str) -> str | None:
+        """The listing's text of the entry named ``name`` (None if none is)."""
+        found = self.runtime.get(name)
+        return found.info() if found is not None else self.code.info(name)
 
     def _info(self) -> Iterator[tuple[str, str]]:
         for name, entry in self.code.items():
@@ -732,6 +777,10 @@ class BeatEntries:
         else:
             self.code.remember(name, state, key, force)
 
+    def _remembers(self, name: str) -> bool:
+        entry = self.runtime.get(name)
+        return entry.last_run_at is not None if entry is not None else self.code.remembers(name)
+
     def _remember_decoded(self, name: str, raw: str, key: str | None = None) -> None:
         with contextlib.suppress(StateError):
             self._remember(name, EntryState.decode(raw, self.keys.entries), key)
@@ -775,9 +824,11 @@ class BeatEntries:
         reconcile), then at most :data:`JUDGE_READS_PER_TICK` reads of due entries, each cut
         short once the tick spent :data:`TICK_BUDGET_S`; the rest in the next ticks, so the
         lanes' tick and the beat lock's renewal come between. Work left returns the tick's
-        own start (``now`` as given): beat comes straight back, not after sleeping as long as
-        this tick took."""
+        own start (``now`` as given) and sets :attr:`work_left`: beat comes straight back, not
+        after sleeping as long as this tick took, nor its idle floor (each such tick moves a
+        page of the pass or a read of due entries on: it cannot spin on nothing)."""
         started_at, now = now, max(now, time.time())
+        self.work_left = False
         if self._take_over_pending is not None:   # refused before: finish it first
             # (What had to be forgotten was, before anything that Redis could refuse.)
             self.take_over(now, put_back=self._take_over_pending, current=True)
@@ -800,9 +851,11 @@ class BeatEntries:
                 if reads >= JUDGE_READS_PER_TICK or time.monotonic() - started > TICK_BUDGET_S:
                     # Thousands due at once (a start, a midnight crontab): the rest in the
                     # next ticks.
+                    self.work_left = True
                     return started_at
             self._refused = ""
-            return started_at if self._pass is not None else self.head
+            self.work_left = self._pass is not None
+            return started_at if self.work_left else self.head
         except redis.ResponseError as exc:
             self._say_refused(exc, now)
             return self.head
@@ -919,10 +972,13 @@ class BeatEntries:
         cursor, page = self.store.states_page(work.cursor)
         gone: list[str] = []
         for name, raw in page:
-            if self.defines(name):
-                self._remember_decoded(name, raw)
-            else:
+            if not self.defines(name):
                 gone.append(name)
+            elif not self._remembers(name):
+                # One judged already (the take-over's reads go beside its pass) is remembered
+                # from that read or its write, as new as this one or newer (a state written
+                # outside beat since is marked and judged again): not decoded a second time.
+                self._remember_decoded(name, raw)
         if gone:
             gone.sort()
             logger.info("schedule entries %s are no longer defined: their state is deleted",
@@ -940,7 +996,7 @@ class BeatEntries:
             work.wrote = False
             self.store.publish_begin()
         page = work.names[work.position:work.position + PASS_PAGE]
-        info = [(name, entry.info()) for name in page if (entry := self.entry(name)) is not None]
+        info = [(name, text) for name in page if (text := self._info_of(name)) is not None]
         work.wrote = self.store.publish_page(info) or work.wrote
         work.position += len(page)
         if work.position >= len(work.names):
