@@ -600,9 +600,9 @@ class EntriesPass:
       take-over judges the due entries first;
     * ``heal``: every entry missing from the due index added due now, a next look past the
       latest one beat writes brought back to it (the reconcile's);
-    * ``states``: every stored state read (remembered; those of entries no longer defined
-      deleted);
-    * ``listing``: the listing operators read, written afresh.
+    * ``listing``: the listing operators read, written afresh;
+    * ``states``: every stored state read (remembered, unless remembered already; those of
+      entries no longer defined deleted).
 
     A step Redis refused is tried again at the next tick, from where it was."""
 
@@ -736,7 +736,9 @@ class BeatEntries:
             # as no longer defined, its state deleted.
             self._load_runtime()
             self._pass = EntriesPass(
-                [*(["put-back"] if put_back else []), "look", "states", "listing"],
+                # The states last: by then the judging reads (beside the pass) remembered
+                # most entries, whose states the states page need not decode again.
+                [*(["put-back"] if put_back else []), "look", "listing", "states"],
                 remembered, take_over=True)
             self.head = now if len(self) else None
             self._take_over_pending = None
