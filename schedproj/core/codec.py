@@ -21,10 +21,15 @@ from schedproj.core.errors import StateError
 VERSION_FIELD = "v"
 
 
+#: The compact encoders :func:`dumps` uses, by ``sort_keys`` (``json.dumps`` with separators
+#: built one per call: a beat's first start encodes a state for every entry).
+_ENCODERS = {sort: json.JSONEncoder(separators=(",", ":"), sort_keys=sort)
+             for sort in (False, True)}
+
+
 def dumps(payload: Mapping[str, Any], version: int, *, sort_keys: bool = False) -> str:
     """Serialize ``payload`` as compact JSON with its format version first."""
-    return json.dumps({VERSION_FIELD: version, **payload}, separators=(",", ":"),
-                      sort_keys=sort_keys)
+    return _ENCODERS[bool(sort_keys)].encode({VERSION_FIELD: version, **payload})
 
 
 def _reject_constant(name: str) -> float:
