@@ -179,7 +179,7 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         # Sentry Crons only monitors whole-minute intervals: other lanes are left out of it.
         code = beat_schedule_table(self.app)
         init_sentry(s, "beat", exclude_beat_tasks=[*crons_exclusions(lanes.specs),
-                                                   *entry_crons_exclusions(code.values())])
+                                                   *entry_crons_exclusions(code.schedules())])
         metrics.serve(rt.store.client, rt.keys, s, lanes.specs,
                       json.loads(registry_json(lanes, s))["families"])
         self.max_interval = s.beat_max_loop_interval_s
