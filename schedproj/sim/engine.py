@@ -672,14 +672,19 @@ class Simulation:
             return wait
         index = self.index
         # Lanes planned always need no filing: the plan's own next_due_in_s covers them; a
-        # waiting lane planned as a leader and unchanged stays where it is.
-        waiting, dirty, always = index.waiting, index.dirty, self.always
+        # waiting lane planned as a leader and unchanged stays where it is. (The changed set
+        # is filed in place and emptied: filing changes no lane's records, so it stays put.)
         self._decision = plan.decision
-        filed = dirty.union([n for n in plan.states if n not in waiting])
-        by_name = self.by_name
-        for name in filed.difference(always) if always else filed:
-            self._file(by_name[name], t)
-        index.dirty.clear()
+        filed, waiting = index.dirty, index.waiting
+        for name in plan.states:  # (not ``keys() - keys()``: that walks every waiting lane)
+            if name not in waiting:
+                filed.add(name)
+        if self.always:
+            filed -= self.always
+        by_name, file = self.by_name, self._file
+        for name in filed:
+            file(by_name[name], t)
+        filed.clear()
         wake = index.next_wake()
         if wake is not None:
             rest = max(0.0, wake - t)
@@ -696,44 +701,56 @@ class Simulation:
         backlog: the simulator knows every change of a queue, so it files the lane by the
         due time its backlog gives, as a worker files a finished run through ``due_at``), the
         instant it falls due by time, and whether it only waits for the lease."""
-        spec, state = rt.spec, rt.state()
-        if rt.has_backlog():
-            self.backlogged.add(rt.name)
+        spec, state, name, heavy = rt.spec, rt.state(), rt.name, rt.heavy
+        # (rt.has_backlog() and rt.probe(), inline: a decision files a lane or two.)
+        queued = len(rt.pool) if heavy else int(rt.version != rt.seen)
+        if queued:
+            self.backlogged.add(name)
         else:
-            self.backlogged.discard(rt.name)
-        resting = self.resting
+            self.backlogged.discard(name)
+        resting, index = self.resting, self.index
         if resting:
-            resting.pop(rt.name, None)
-        if spec.heavy and rt.name in self.pool_runs:
-            # A pool's holder: planned while it holds. Filed once (refiling an active lane
-            # moves nothing: no look or wake of it is pending).
-            if rt.name not in self.index.active:
-                self.index.file(rt.name, t, None, t)
-            return
-        if spec.heavy and self.lease is not None and self.lease.lane == rt.name:
-            # The lease's holder: not planned while it holds (its run's end changes it).
-            self.index.file(rt.name, math.inf, None, t)
-            return
-        if not spec.heavy and is_in_flight(state, t):
-            self.index.file(rt.name, next_look(spec, state, t), None, t)
+            resting.pop(name, None)
+        if heavy:
+            if self._file_holder(name, t):
+                return
+        elif is_in_flight(state, t):
+            index.file(name, next_look(spec, state, t), None, t)
             return
         # As ``pipeline.seconds_until_next_due`` computes it for an idle lane not due yet:
         # with the backlog the lane's view sees (its due-check's, else its record's).
-        probe = rt.probe() if rt.probed else None
+        probe = queued if heavy or rt.fed else None  # (rt.probed)
         wake = due_at(spec, state, t, max(0, probe if probe is not None else state.run.backlog))
         # A lane with a due-check is due by what it reports (the wake); another by its record,
         # as the index files it (the earlier of the two, should they ever differ).
         look = wake if probe is not None else min(next_look(spec, state, t), wake)
         if look > t + LOOK_SLACK_S:
-            self.index.file(rt.name, look, wake, t)
+            index.file(name, look, wake, t)
             return
         if spec.gates:
             rest = self._rest(rt, state, t)
             if rest is not None:
-                self.index.file(rt.name, math.inf, None, t)  # neither active nor waiting
-                resting[rt.name] = rest
+                index.file(name, math.inf, None, t)  # neither active nor waiting
+                resting[name] = rest
                 return
-        self.index.file(rt.name, look, wake, t, self._rank(rt, state, t))
+        index.file(name, look, wake, t, self._rank(rt, state, t))
+
+    def _file_holder(self, name: str, t: float) -> bool:
+        """File a heavy lane holding a slot of its pool or the lease as such (True), or say it
+        holds neither (False)."""
+        index = self.index
+        if name in self.pool_runs:
+            # A pool's holder: planned while it holds. Filed once (refiling an active lane
+            # moves nothing: no look or wake of it is pending).
+            if name not in index.active:
+                index.file(name, t, None, t)
+            return True
+        lease = self.lease
+        if lease is not None and lease.lane == name:
+            # The lease's holder: not planned while it holds (its run's end changes it).
+            index.file(name, math.inf, None, t)
+            return True
+        return False
 
     def _rest(self, rt: _Lane, state: LaneState, t: float) -> tuple[bool | None, float] | None:
         """Whether a due gated lane just planned may rest (see ``resting``): the decision

@@ -91,7 +91,8 @@ class LaneIndex:
         self._version: dict[str, int] = {}
         self._seq = 0
         self._looks: list[_Entry] = []
-        self._wakes: list[_Entry] = []
+        #: (wake, version, lane, whether the wake is also the lane's look: no looks entry).
+        self._wakes: list[tuple[float, int, str, bool]] = []
         self._groups: dict[_Group, list[tuple[tuple[object, ...], int, str]]] = {}
         #: Entries in the groups' heaps, stale ones included (when to compact them).
         self._entries = 0
@@ -134,10 +135,14 @@ class LaneIndex:
                 self._join(group, lane, rank, key, now)
             heapq.heappush(self._groups.setdefault(group, []), (key, version, lane))
             return
+        if wake is not None and wake != math.inf:
+            # A lane due at its look (a probed one: look and wake are one instant) has one
+            # entry, in the wakes (:meth:`advance` reads them too): one push and pop fewer.
+            heapq.heappush(self._wakes, (wake, version, lane, wake == look))
+            if wake == look:
+                return
         if look != math.inf:
             heapq.heappush(self._looks, (look, version, lane))
-        if wake is not None and wake != math.inf:
-            heapq.heappush(self._wakes, (wake, version, lane))
 
     def _join(self, group: _Group, lane: str, rank: Rank, key: tuple[object, ...],
               now: float) -> None:
@@ -163,13 +168,22 @@ class LaneIndex:
         return self._version.get(lane) == version
 
     def advance(self, now: float) -> None:
-        """Lanes whose next look has come by ``now`` become active."""
-        looks = self._looks
-        while looks and looks[0][0] <= now + LOOK_SLACK_S:
-            _, version, lane = heapq.heappop(looks)
-            if self._valid(version, lane):
+        """Lanes whose next look has come by ``now`` become active: from the looks, and from
+        the wakes those filed due at their look (a lane's look is never after its wake, so a
+        wake come by ``now`` is a look come too; an entry of a lane whose look came is stale)."""
+        looks, wakes, versions = self._looks, self._wakes, self._version
+        if looks and looks[0][0] <= now + LOOK_SLACK_S:
+            while looks and looks[0][0] <= now + LOOK_SLACK_S:
+                _, version, lane = heapq.heappop(looks)
+                if versions.get(lane) == version:
+                    self._seq += 1
+                    versions[lane] = self._seq  # its wake-up goes with it
+                    self.active.add(lane)
+        while wakes and wakes[0][0] <= now + LOOK_SLACK_S:
+            _, version, lane, _ = heapq.heappop(wakes)
+            if versions.get(lane) == version:
                 self._seq += 1
-                self._version[lane] = self._seq  # its wake-up goes with it
+                versions[lane] = self._seq
                 self.active.add(lane)
 
     def next_wake(self) -> float | None:
@@ -186,32 +200,54 @@ class LaneIndex:
         if not self.waiting:
             return []
         found: dict[str, list[tuple[int, float, str]]] = {}
-        walks, tops = self.walks, self._tops
+        walks, tops, inf = self.walks, self._tops, math.inf
         for group, heap in self._groups.items():
-            pool, tier = group[0], group[1]
+            if not heap:
+                continue
+            pool = group[0]
             walk = walks.get(pool, 1)
             cached = tops.get(group) if walk == 1 else None
             if cached is not None and now <= cached[2]:
-                top = [(cached[1].ratio(now), cached[0])]
-            else:
-                top = self._group_top(heap, now, walk, group)
+                # The kept leader (the usual case): Rank.ratio's arithmetic, inline.
+                rank = cached[1]
+                last = rank.last
+                ratio = (inf if last is None
+                         else rank.weight * (max(0.0, now - last) / rank.cadence_s))
+                entry = (group[1], ratio, cached[0])
+                lanes = found.get(pool)
+                if lanes is None:
+                    found[pool] = [entry]
+                else:
+                    lanes.append(entry)
+                continue
+            top = self._group_top(heap, now, walk, group)
             if top:  # (lists, not generators: a decision asks this of a few groups)
-                found.setdefault(pool, []).extend([(tier, ratio, lane) for ratio, lane in top])
+                found.setdefault(pool, []).extend([(group[1], r, lane) for r, lane in top])
         if self._entries > 4 * len(self.waiting) + 64:
             self._compact()
+        return self._pick_leaders(found)
+
+    def _pick_leaders(self, found: dict[str, list[tuple[int, float, str]]]) -> list[str]:
+        """Per pool, of its groups' leaders (tier, ratio, lane): the first of its walk's
+        length in rank order and those tying with the last of them."""
         if self.by_order:
             return [lane for lanes in found.values() for _, _, lane in lanes]
         out: list[str] = []
+        walks = self.walks
         for pool, lanes in found.items():
             walk = walks.get(pool, 1)
             if len(lanes) <= walk:  # all of them (in no order: the caller takes a set)
                 out.extend([lane for _, _, lane in lanes])
                 continue
-            lanes.sort(key=lambda x: (x[0], -x[1]))
-            tier, last = lanes[walk - 1][0], lanes[walk - 1][1]
+            if walk == 1:  # the lease: the first in rank order, no sort needed
+                tier, last = min([(t, -r) for t, r, _ in lanes])
+                last = -last
+            else:
+                lanes.sort(key=lambda x: (x[0], -x[1]))
+                tier, last = lanes[walk - 1][0], lanes[walk - 1][1]
             floor = _floor(last)
             out.extend([lane for i, (t, r, lane) in enumerate(lanes)
-                        if i < walk or (t == tier and r >= floor)])
+                        if (t == tier and r >= floor) or (walk > 1 and i < walk)])
         return out
 
     def _group_top(self, heap: list[tuple[tuple[object, ...], int, str]],
