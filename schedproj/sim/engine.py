@@ -16,6 +16,7 @@ beat's due index names (:mod:`schedproj.sim.index`), not every lane, with the sa
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections.abc import Callable, Iterable, Mapping
@@ -406,6 +407,8 @@ class Simulation:
         self.always = {rt.name for rt in self.enabled if rt.spec.calendar is not None}
         # Only lanes with gates can set off a trigger (a gate's max_defer_s running out).
         self.gated = [rt for rt in self.enabled if rt.spec.gates]
+        #: When each gate's max_defer_s runs out, sorted (:meth:`_triggers`; None: to find).
+        self._trigger_ats: list[float] | None = None
         #: What each gated lane's gates judge: the blockers, and the members of a family a
         #: gate names. Beat reads them every tick; the simulator plans them with a gated lane
         #: it plans (a gate is judged only for a lane that is due, and a due lane is planned).
@@ -417,6 +420,7 @@ class Simulation:
         self.blockers_of = {rt.name: frozenset(lane for g in rt.spec.gates
                                                for lane in named.get(g.blocker, ()))
                             for rt in self.gated}
+        self.gated_names = frozenset(self.blockers_of)
         #: Gated lanes at rest (:meth:`_rest`): due, deferred by a gate (or, heavy, waiting for
         #: the lease behind a gate that blocks), and planned again only when that could change:
         #: lane -> (for a heavy lane, whether its record is a wait for the lease — its outcome
@@ -529,10 +533,11 @@ class Simulation:
 
     # -- decisions ------------------------------------------------------------------------------
     def _observe_due(self, decision: Decision, t: float) -> None:
+        by_name = self.by_name
         for name, view in decision.views.items():
-            rt = self.by_name[name]
             if view.in_flight:
                 continue
+            rt = by_name[name]
             if view.due:
                 if rt.due_since is None:
                     rt.due_since = rt.onset(t)
@@ -570,14 +575,11 @@ class Simulation:
             self.drained_at = t
         self._track_gates(decision, t)
         chosen = self._choose(decision)
-        chosen += [g.lane for g in decision.pool_grants if g.lane not in chosen]
+        if decision.pool_grants:
+            chosen += [g.lane for g in decision.pool_grants if g.lane not in chosen]
         if len(chosen) < len(plan.sends):
             plan = plan.only(chosen)
-        for name, rec in plan.changes.items():
-            self.by_name[name].set_sched(rec)
-        for d in plan.new_deferrals:
-            self.deferrals[d.reason.value] = self.deferrals.get(d.reason.value, 0) + 1
-        self.expired_gates += len(decision.expired_gates)
+        self._write(plan)
         for name in chosen:
             rt = self.by_name[name]
             if rt.in_pool:
@@ -592,6 +594,17 @@ class Simulation:
         self.first_change = t if chosen else None
         self.trigger = self._triggers(t)
         return decision
+
+    def _write(self, plan: Plan) -> None:
+        """Beat writes the plan's records (and the simulation counts its deferrals)."""
+        gated, by_name = self.blockers_of, self.by_name
+        for name, rec in plan.changes.items():
+            by_name[name].set_sched(rec)
+            if name in gated:
+                self._trigger_ats = None  # a gate's clock may have moved
+        for d in plan.new_deferrals:
+            self.deferrals[d.reason.value] = self.deferrals.get(d.reason.value, 0) + 1
+        self.expired_gates += len(plan.decision.expired_gates)
 
     def _publish(self, decision: Decision, states: dict[str, LaneState], t: float) -> None:
         """Beat publishes the pressure it computed with its tick (FairScheduler does too):
@@ -614,7 +627,9 @@ class Simulation:
             return self._plan_lanes(self.rts, t)
         index = self.index
         index.advance(t)
-        focus = index.active | index.dirty | self.always
+        focus = index.active | index.dirty
+        if self.always:
+            focus |= self.always
         focus.update(index.leaders(t))
         # Not the lease's holder: its view (in flight) decides nothing but the gates naming
         # it, and a gated lane planned brings its blockers below. (A pool's holders are: the
@@ -622,7 +637,7 @@ class Simulation:
         focus.update(self.pool_runs)
         if self.resting:
             self._wake(focus, t)
-        for gated in focus.intersection(self.blockers_of):
+        for gated in focus.intersection(self.gated_names):
             focus.update(self.blockers_of[gated])
         position = self.position
         lanes = [self.by_name[n] for n in sorted(focus, key=position.__getitem__)]
@@ -648,7 +663,9 @@ class Simulation:
 
     def _plan_lanes(self, lanes: list[_Lane], t: float) -> tuple[Plan, dict[str, LaneState]]:
         states = {rt.name: rt.state() for rt in lanes}
-        probes = {rt.name: rt.probe() for rt in lanes if rt.heavy or rt.fed}  # rt.probed
+        # (rt.probe() for the lanes rt.probed, inline)
+        probes = {rt.name: len(rt.pool) if rt.heavy else int(rt.version != rt.seen)
+                  for rt in lanes if rt.heavy or rt.fed}
         # TickInput(states=, lease=, probes=) without the frozen dataclass __init__.
         tick = evolve(self._tick, states=states, lease=self.lease, probes=probes)
         if self.pool_table is not None:
@@ -859,18 +876,17 @@ class Simulation:
     def _triggers(self, t: float) -> float | None:
         """The next instant a poll would see something new without any state change: a
         gate's ``max_defer_s`` running out. (A failed lane's retry is a due time like any
-        other: the plan's ``next_due_in_s`` wakes beat for it, as it does beat.)"""
-        best: float | None = None
-        for rt in self.gated:
-            d = rt.sched.deferral
-            if d is None:
-                continue
-            for gate in rt.spec.gates:
-                if gate.max_defer_s is not None and gate.blocker == d.blocker:
-                    at = d.behind_blocker_since + gate.max_defer_s
-                    if at > t and (best is None or at < best):
-                        best = at
-        return best
+        other: the plan's ``next_due_in_s`` wakes beat for it, as it does beat.) The instants
+        move only with a gated lane's record: kept, sorted, until one changes."""
+        ats = self._trigger_ats
+        if ats is None:
+            ats = self._trigger_ats = sorted(
+                [d.behind_blocker_since + gate.max_defer_s
+                 for rt in self.gated if (d := rt.sched.deferral) is not None
+                 for gate in rt.spec.gates
+                 if gate.max_defer_s is not None and gate.blocker == d.blocker])
+        i = bisect.bisect_right(ats, t)
+        return ats[i] if i < len(ats) else None
 
     # -- heavy runs -----------------------------------------------------------------------------
     def _dispatched(self, rt: _Lane, t: float) -> None:
