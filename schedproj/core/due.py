@@ -99,9 +99,11 @@ def staleness(spec: LaneSpec, state: LaneState, now: float) -> float:
     (``schedules.calendar_ratio``). A cadence lane that never ran is maximally stale."""
     if spec.calendar is not None:
         return calendar_ratio(spec.calendar, calendar_last_run(spec, state, now), now)
-    last = effective_last_run(state, spec.cadence_s, now, spec.due_ratio)
-    if last is None:
-        return math.inf
+    last = state.run.last_run_at
+    if last is None or last > now:  # (else effective_last_run is last: every view asks)
+        last = effective_last_run(state, spec.cadence_s, now, spec.due_ratio)
+        if last is None:
+            return math.inf
     return max(0.0, now - last) / spec.cadence_s
 
 

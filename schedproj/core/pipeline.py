@@ -212,6 +212,7 @@ def _gate_views(specs: tuple[LaneSpec, ...], views: dict[str, LaneView],
 #: The pool table with the default pool alone (``pools_by_name(None)``), built once: it is
 #: only read.
 _DEFAULT_TABLE = pools_by_name(None)
+_DEFAULT_SLOTS = _DEFAULT_TABLE[DEFAULT_POOL].slots
 
 
 def _pool_state(lease: LeaseView | None, pools: Mapping[str, Pool] | None,
@@ -221,8 +222,11 @@ def _pool_state(lease: LeaseView | None, pools: Mapping[str, Pool] | None,
     the lease's —, the pools with no free slot). A heavy lane of a full pool (the default
     pool: the lease held) waits before any gate is looked at, as does a lane of a pool beat
     does not serve."""
-    table = _DEFAULT_TABLE if pools is None else pools_by_name(pools)
     held: Sequence[str] = [lease.lane] if lease is not None else []
+    if pools is None and not holders:  # the default pool alone (the usual tick)
+        return (_DEFAULT_TABLE, {DEFAULT_POOL: held},
+                {DEFAULT_POOL} if len(held) >= _DEFAULT_SLOTS else set())
+    table = _DEFAULT_TABLE if pools is None else pools_by_name(pools)
     busy: dict[str, Sequence[str]] = ({**holders, DEFAULT_POOL: held} if holders
                                       else {DEFAULT_POOL: held})
     full = {name for name, pool in table.items() if len(busy.get(name, ())) >= pool.slots}

@@ -72,6 +72,10 @@ class Rank(NamedTuple):
 
 _Entry = tuple[float, int, str]
 _Group = tuple[str, int, float, float]
+#: A group heap's entry: the lane's key in the group's order (declared order and name, or
+#: whether it ran, its last run, order and name), then its version and name, in one flat
+#: tuple (a nested key costs every heap comparison a second tuple comparison).
+_Member = tuple[object, ...]
 
 
 class LaneIndex:
@@ -93,14 +97,14 @@ class LaneIndex:
         self._looks: list[_Entry] = []
         #: (wake, version, lane, whether the wake is also the lane's look: no looks entry).
         self._wakes: list[tuple[float, int, str, bool]] = []
-        self._groups: dict[_Group, list[tuple[tuple[object, ...], int, str]]] = {}
+        self._groups: dict[_Group, list[_Member]] = {}
         #: Entries in the groups' heaps, stale ones included (when to compact them).
         self._entries = 0
         #: Each group's leader as a walk of one last found it: (lane, its rank, until when
-        #: no other lane of the group can tie with it, its heap key). A group's order does
+        #: no other lane of the group can tie with it, its heap entry). A group's order does
         #: not move with time, so only the ratio is computed again; a lane joining the group
         #: is compared with the leader (:meth:`_join`), the leader leaving drops it.
-        self._tops: dict[_Group, tuple[str, Rank, float, tuple[object, ...]]] = {}
+        self._tops: dict[_Group, tuple[str, Rank, float, _Member]] = {}
 
     def _group(self, rank: Rank) -> _Group:
         return (("", 0, 0.0, 1.0) if self.by_order
@@ -128,12 +132,12 @@ class LaneIndex:
             self.waiting[lane] = (rank, version)
             group = self._group(rank)
             self._entries += 1
-            key: tuple[object, ...] = ((rank.order, rank.name) if self.by_order else
-                                       (rank.last is not None, rank.last or 0.0, rank.order,
-                                        rank.name))
+            entry: _Member = ((rank.order, rank.name, version, lane) if self.by_order else
+                              (rank.last is not None, rank.last or 0.0, rank.order, rank.name,
+                               version, lane))
             if group in self._tops:
-                self._join(group, lane, rank, key, now)
-            heapq.heappush(self._groups.setdefault(group, []), (key, version, lane))
+                self._join(group, lane, rank, entry, now)
+            heapq.heappush(self._groups.setdefault(group, []), entry)
             return
         if wake is not None and wake != math.inf:
             # A lane due at its look (a probed one: look and wake are one instant) has one
@@ -144,11 +148,12 @@ class LaneIndex:
         if look != math.inf:
             heapq.heappush(self._looks, (look, version, lane))
 
-    def _join(self, group: _Group, lane: str, rank: Rank, key: tuple[object, ...],
+    def _join(self, group: _Group, lane: str, rank: Rank, key: _Member,
               now: float) -> None:
         """A lane joins a group whose leader is kept: it leads now if it ranks first, and
         until when no lane can tie with the leader is shortened by its gap (the gaps within
-        a group never shrink). Dropped when that cannot be told (ties, two never-run lanes)."""
+        a group never shrink). Dropped when that cannot be told (ties, two never-run lanes).
+        (Entries compare as their keys: two lanes' keys differ, by name at least.)"""
         tops = self._tops
         lead, lead_rank, until, lead_key = tops[group]
         if self.by_order:  # (declared order and name: no ties)
@@ -172,13 +177,12 @@ class LaneIndex:
         the wakes those filed due at their look (a lane's look is never after its wake, so a
         wake come by ``now`` is a look come too; an entry of a lane whose look came is stale)."""
         looks, wakes, versions = self._looks, self._wakes, self._version
-        if looks and looks[0][0] <= now + LOOK_SLACK_S:
-            while looks and looks[0][0] <= now + LOOK_SLACK_S:
-                _, version, lane = heapq.heappop(looks)
-                if versions.get(lane) == version:
-                    self._seq += 1
-                    versions[lane] = self._seq  # its wake-up goes with it
-                    self.active.add(lane)
+        while looks and looks[0][0] <= now + LOOK_SLACK_S:
+            _, version, lane = heapq.heappop(looks)
+            if versions.get(lane) == version:
+                self._seq += 1
+                versions[lane] = self._seq  # its wake-up goes with it
+                self.active.add(lane)
         while wakes and wakes[0][0] <= now + LOOK_SLACK_S:
             _, version, lane, _ = heapq.heappop(wakes)
             if versions.get(lane) == version:
@@ -250,7 +254,7 @@ class LaneIndex:
                         if (t == tier and r >= floor) or (walk > 1 and i < walk)])
         return out
 
-    def _group_top(self, heap: list[tuple[tuple[object, ...], int, str]],
+    def _group_top(self, heap: list[_Member],
                    now: float, walk: int = 1, group: _Group | None = None,
                    ) -> list[tuple[float, str]]:
         """The group's first ``walk`` valid lanes and those tying with the last of them (put
@@ -259,13 +263,13 @@ class LaneIndex:
             quick = self._group_first(heap, now, group)
             if quick is not None:
                 return quick
-        taken: list[tuple[tuple[object, ...], int, str]] = []
+        taken: list[_Member] = []
         out: list[tuple[float, str]] = []
         floor: float | None = None
         while heap:
             entry = heap[0]
-            state = self.waiting.get(entry[2])
-            if state is None or state[1] != entry[1]:
+            state = self.waiting.get(entry[-1])
+            if state is None or state[1] != entry[-2]:
                 heapq.heappop(heap)  # stale: the lane was filed again or left
                 self._entries -= 1
                 continue
@@ -274,13 +278,13 @@ class LaneIndex:
                 break
             if len(out) == walk - 1:
                 floor = _floor(ratio)
-            out.append((ratio, entry[2]))
+            out.append((ratio, entry[-1]))
             taken.append(heapq.heappop(heap))
         for entry in taken:
             heapq.heappush(heap, entry)
         return out
 
-    def _group_first(self, heap: list[tuple[tuple[object, ...], int, str]],
+    def _group_first(self, heap: list[_Member],
                      now: float, group: _Group | None = None,
                      ) -> list[tuple[float, str]] | None:
         """:meth:`_group_top` for a walk of one, without taking the lane out of the heap when
@@ -289,7 +293,8 @@ class LaneIndex:
         decide. The entry ranked next is the smaller of the root's two children."""
         waiting = self.waiting
         while heap:
-            _, version, lane = heap[0]
+            first = heap[0]
+            version, lane = first[-2], first[-1]
             state = waiting.get(lane)
             if state is None or state[1] != version:
                 heapq.heappop(heap)  # stale: the lane was filed again or left
@@ -299,26 +304,26 @@ class LaneIndex:
             ratio = rank.ratio(now)
             if self.by_order or len(heap) == 1:
                 if group is not None:  # (the only lane, or the legacy order: no ties)
-                    self._tops[group] = (lane, rank, math.inf, heap[0][0])
+                    self._tops[group] = (lane, rank, math.inf, first)
                 return [(ratio, lane)]
             second = heap[1] if len(heap) == 2 or heap[1] < heap[2] else heap[2]
-            other = waiting.get(second[2])
-            if other is None or other[1] != second[1]:
+            other = waiting.get(second[-1])
+            if other is None or other[1] != second[-2]:
                 return None  # a stale entry next: the full walk looks past it
             next_ratio = other[0].ratio(now)
             if next_ratio >= _floor(ratio):
                 return None
             if group is not None:
                 self._tops[group] = (lane, rank, _apart_until(rank, ratio - next_ratio),
-                                     heap[0][0])
+                                     first)
             return [(ratio, lane)]
         return []
 
     def _compact(self) -> None:
         """Drop stale entries, so the heaps stay the size of what they index."""
         for group, heap in list(self._groups.items()):
-            live = [e for e in heap if (s := self.waiting.get(e[2])) is not None
-                    and s[1] == e[1]]
+            live = [e for e in heap if (s := self.waiting.get(e[-1])) is not None
+                    and s[1] == e[-2]]
             heapq.heapify(live)
             self._entries += len(live) - len(heap)
             if live:
