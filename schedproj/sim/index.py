@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 import math
 from enum import StrEnum
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from schedproj.core.planner import Plan
 from schedproj.core.pools import DEFAULT_POOL
@@ -75,7 +75,7 @@ _Group = tuple[str, int, float, float]
 #: A group heap's entry: the lane's key in the group's order (declared order and name, or
 #: whether it ran, its last run, order and name), then its version and name, in one flat
 #: tuple (a nested key costs every heap comparison a second tuple comparison).
-_Member = tuple[object, ...]
+_Member = tuple[Any, ...]  # (its fields are of several types: Any, for the last two)
 
 
 class LaneIndex:
