@@ -469,7 +469,9 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
     def _read(self, now: float) -> Snapshot | None:
         """Read what changed (a beat that just took the lock builds its memory from Redis
         first); None when this beat stands by."""
-        snap = self._snapshot(now, cursor=self.memory.cursor)
+        # A beat new to the lock reads every lane afresh below (``_reread_all``): what this
+        # read holds is not decoded, only the lock, the epoch and the broken keys it tells.
+        snap = self._snapshot(now, cursor=self.memory.cursor, records=self.active)
         say_state_loss(snap)
         if snap.lock.event == "held":
             self._holder_seen = (now, snap.epoch.server_now_ms, str(snap.lock.holder))
@@ -537,14 +539,15 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         logger.warning("beat %s: the beat lock vanished during the tick's read (Redis lost "
                        "its state?); taking it back at the next tick", self.token[:8])
 
-    def _snapshot(self, now: float, cursor: float | None) -> Snapshot:
+    def _snapshot(self, now: float, cursor: float | None, records: bool = True) -> Snapshot:
         s, e = self.settings, self.engine
         # The due checks' stamps ride with the read: the idle tick is one round trip.
         return e.rt.store.tick_snapshot(self.token, s.beat_lock_ttl_s, s.quarantine_s,
                                         cursor=cursor, now=now, always=e.lanes.reread(),
                                         holder_seen_ms=self._holder_seen_ms(now),
                                         also_get=e.checks.keys,
-                                        watch=e.slots.lease_keys if e.slots else ())
+                                        watch=e.slots.lease_keys if e.slots else (),
+                                        records=records)
 
     def _holder_seen_ms(self, now: float) -> int:
         """The server time this beat last saw another beat hold the lock, while that is less

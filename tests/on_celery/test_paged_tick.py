@@ -62,3 +62,46 @@ def test_the_first_tick_grants_the_lease_to_the_stalest_lane_in_whatever_page(
     scores = redis_client.zmscore(keys.due, [member_lane(FAMILY, m) for m in members])
     assert all(s is not None and s > 0 for s in scores[:-1]), "a member was never planned"
     sched.close()
+
+
+def test_a_beat_new_to_the_lock_decodes_no_record_of_the_read_it_replaces(
+        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A beat new to the lock reads every lane afresh after its first read: the first read's
+    records (every member marked changed, as a start-up after adding a family finds them)
+    are not decoded - at 1,000,000 members decoding them only to drop them was most of the
+    first tick and its peak memory. Only the full read's (the lanes due) are."""
+    from schedproj.store import lane_store
+
+    keys = Keys(key_prefix)
+    app = make_app(key_prefix, declare, beat_max_loop_interval_s=0.2, beat_lock_ttl_s=5.0)
+    members = [f"m{i:04d}" for i in range(8 * PAGE)]
+    FamilyStore(redis_client, keys, [FAMILY]).add(FAMILY, members)
+    now = time.time()
+    lanes = [member_lane(FAMILY, m) for m in members]
+    # Every member ran just now (not due for a cadence) and is marked changed.
+    redis_client.hset(keys.lanes, mapping={run_field(lane): encode(RunRecord(
+        last_run_at=now, last_outcome=Outcome.COMPLETED, runs=1)) for lane in lanes})
+    redis_client.zadd(keys.due, dict.fromkeys(lanes, now + CADENCE_S))
+    redis_client.sadd(keys.changed, *lanes)
+    decoded: list[str] = []
+    parse = lane_store.parse_states
+
+    def counted(raw, *args, **kwargs):  # type: ignore[no-untyped-def]
+        decoded.extend(raw)
+        return parse(raw, *args, **kwargs)
+
+    monkeypatch.setattr(lane_store, "parse_states", counted)
+    sched = FairScheduler(app=app)
+    sched.rt.store.read_page = PAGE
+    sched.tick()
+    assert sched.active and not broker.lrange("heavy", 0, -1)
+    assert not [f for f in decoded if f.startswith(f"{FAMILY}[")], "member records decoded"
+    # The marks were read (the changed set is emptied) and the members keep their looks.
+    assert not set(lanes) & redis_client.smembers(keys.changed)
+    assert all(s == now + CADENCE_S for s in redis_client.zmscore(keys.due, lanes))
+    # Once active, a member whose record changes is read and decoded as before.
+    redis_client.sadd(keys.changed, lanes[0])
+    sched.tick()
+    assert run_field(lanes[0]) in decoded
+    sched.close()
