@@ -221,6 +221,14 @@ class TickMemory:
                 self.skipped[pool] = skipped
         return focus, sum(self.skipped.values())
 
+    def resting(self, now: float) -> dict[str, LaneState]:
+        """The lanes read every tick that are quiet (``hush``) until after ``now``, each with
+        the state it was planned on: beat leaves them out of its read while they rest (every
+        writer but a hand edit marks a changed record changed, so the read brings them when
+        they change) and takes that state for the one it would read (``quiet_now``
+        compares)."""
+        return {lane: was.state for lane, was in self.quiet.items() if now < was.until}
+
     def quiet_now(self, lanes: Iterable[str], states: Mapping[str, LaneState],
                   probes: Mapping[str, int], lease: LeaseView | None, now: float, *,
                   planned: Collection[Collection[str]] = ()) -> dict[str, float]:

@@ -18,7 +18,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
@@ -540,14 +540,28 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
                        "its state?); taking it back at the next tick", self.token[:8])
 
     def _snapshot(self, now: float, cursor: float | None, records: bool = True) -> Snapshot:
+        """The tick's read. The lanes read every tick are left out while they rest
+        (``TickMemory.resting``: quiet, on the record they were planned on), and that record
+        stands for the one they would read: every writer but a hand edit marks a record it
+        changes changed, and the read brings the lanes marked. A hand edit of a resting
+        lane's record (redis-cli) is seen when the periodic reconcile marks the lane
+        changed, as any other lane's is; re-reading the four REM lanes every tick was a
+        third of the idle tick. A full read (``cursor`` None: the lock taken, state lost)
+        reads them all."""
         s, e = self.settings, self.engine
+        resting = e.memory.resting(now) if cursor is not None else {}
+        always = [lane for lane in e.lanes.reread()
+                  if lane not in resting or lane in e.lanes.broken]
         # The due checks' stamps ride with the read: the idle tick is one round trip.
-        return e.rt.store.tick_snapshot(self.token, s.beat_lock_ttl_s, s.quarantine_s,
-                                        cursor=cursor, now=now, always=e.lanes.reread(),
+        snap = e.rt.store.tick_snapshot(self.token, s.beat_lock_ttl_s, s.quarantine_s,
+                                        cursor=cursor, now=now, always=always,
                                         holder_seen_ms=self._holder_seen_ms(now),
                                         also_get=e.checks.keys,
                                         watch=e.slots.lease_keys if e.slots else (),
                                         records=records)
+        kept = {lane: state for lane, state in resting.items()
+                if lane not in snap.states and lane not in snap.errors}
+        return replace(snap, states={**kept, **snap.states}) if kept and snap.lock.held else snap
 
     def _holder_seen_ms(self, now: float) -> int:
         """The server time this beat last saw another beat hold the lock, while that is less

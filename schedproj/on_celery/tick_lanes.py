@@ -36,7 +36,8 @@ class TickLanes:
         self.broken: set[str] = set()
 
     def reread(self) -> list[str]:
-        """The lanes read every tick: gate blockers, due-check lanes, unreadable ones."""
+        """The lanes read every tick: gate blockers, due-check lanes, unreadable ones (beat
+        leaves out those resting: ``FairScheduler._snapshot``)."""
         return [*self.always, *sorted(self.broken - set(self.always))]
 
     def spec(self, lane: str) -> LaneSpec | None:

@@ -483,6 +483,9 @@ def test_a_quiet_blocker_of_a_lane_planned_is_planned_and_still_holds_it_back() 
     mem.hush(first, always_of(sc), sc.probes, None, GRACE)
     assert mem.quiet.keys() == {"b", "c"}
     assert mem.quiet["b"].until == now + 60  # its message's expiry: looked at then
+    # Resting (left out of beat's read) on the states they were planned on, until then.
+    assert mem.resting(now + 59.9)["b"] == states["b"]
+    assert "b" not in mem.resting(now + 60)
     behind = replace(sc, now=now + 5, probes={"c": 3})
     quiet = mem.quiet_now(always_of(behind), behind.states, behind.probes, None, behind.now)
     assert quiet == {"b": now + 60}, "c's probe moved: planned"

@@ -207,6 +207,39 @@ def test_a_hand_edit_that_skips_the_stamp_is_seen_within_max_age(
     sched.close()
 
 
+def test_a_resting_lane_is_left_out_of_the_read_and_a_hand_edit_is_seen_at_the_reconcile(
+        rem_app: Celery, key_prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The REM lanes read every tick are not read while quiet: the idle read carries none of
+    them. A hand edit of such a record (redis-cli: nothing marked changed) is so not seen by
+    the next tick, but once the periodic reconcile marked the lanes changed."""
+    sched = idle_beat(rem_app)
+    store = sched.engine.rt.store
+    asked: list[list[str]] = []
+    real = store.tick_snapshot
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        asked.append(list(kwargs["always"]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(store, "tick_snapshot", spy)
+    sched.tick()
+    resting = sched.engine.memory.resting(time.time())
+    assert {"dream", "summary"} <= resting.keys() and asked == [[]]
+    run = resting["dream"].run
+    edited = RunRecord(last_run_at=run.last_run_at, last_outcome=run.last_outcome,
+                       last_task_id=run.last_task_id, runs=run.runs + 41)
+    store.client.hset(Keys(key_prefix).lanes, "dream|run", encode(edited))  # by hand
+    sched.tick()
+    assert sched.engine.memory.resting(time.time())["dream"].run.runs == run.runs
+    sched._reconciled_at = 0.0  # the reconcile's period has passed
+    for _ in range(2):  # the reconcile marks the lanes changed; the next tick reads them
+        sched.tick()
+    seen = sched.engine.memory.resting(time.time()).get("dream") or \
+        sched.engine.memory.states["dream"]
+    assert seen.run.runs == run.runs + 41
+    sched.close()
+
+
 def test_the_rem_due_checks_read_the_current_apps_store(redis_client: redis.Redis) -> None:
     """Each app's own store, whichever app was current before: the checks' runtime was keyed
     by ``current_app`` (one proxy for every app), so a later app read the first one's."""
