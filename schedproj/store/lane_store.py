@@ -363,23 +363,26 @@ class LaneStore:
         (``Snapshot.watched``): a caller that reads them again after the read knows whether a
         run ended in between (its record may say in flight, its slot free).
 
-        ``also_get``: string keys (the due checks' stamps) read in the same round trip, right
-        after the script (``Snapshot.got``); with a read by pages, read again once the last
+        ``also_get``: string keys (the due checks' stamps) read by the script, after its read
+        (``Snapshot.got``; an MGET after the script was a pipeline for the client to pack and
+        parse on every idle tick); with a read by pages, read again once the last
         page is in, so they are never older than any record read. Keys under this store's
         prefix: on a cluster, in the script's hash slot.
         ``records`` False: only the lock, the epoch and the broken keys are parsed (for a beat
         new to the lock, which reads every lane afresh next: :func:`unparsed`)."""
         k = self.keys
         keys = [k.beat_lock, k.beat_fence, k.epoch, k.due, k.changed, k.lanes, k.lease,
-                k.paused, k.run_now, k.due_stamp, k.changed_stamp, k.changed_reading]
+                k.paused, k.run_now, k.due_stamp, k.changed_stamp, k.changed_reading,
+                *also_get]
         args = [beat_token, int(lock_ttl_s * 1000), int(quarantine_s * 1000), uuid.uuid4().hex,
                 EPOCH_VERSION, "-inf" if cursor is None else repr(cursor), repr(now),
                 STAMP_MEMBER, self.read_page, holder_seen_ms, *always]
-        # One script call: tick.lua renews the lock, checks the epoch and reads (redis-py's
-        # Script loads it on a NoScriptError and retries). The keys asked for ride in the
-        # same pipeline, after the script.
-        get = [("MGET", *also_get)] if also_get else []
-        (lock_reply, epoch_reply, read), watched, got = self._tick_call(keys, args, watch, get)
+        # One script call: tick.lua renews the lock, checks the epoch, reads, and reads the
+        # keys asked for after its read (redis-py's Script loads it on a NoScriptError and
+        # retries).
+        reply, watched = self._tick_call(keys, args, watch)
+        lock_reply, epoch_reply, read = reply[:3]
+        got: list[Any] = [reply[3]] if also_get and len(reply) > 3 else []
         epoch = self._epoch_status(epoch_reply)
         ok, value, event = lock_reply
         lock = (LockStatus(held=True, fence=int(value), event=str(event)) if int(ok) == 1
@@ -395,13 +398,11 @@ class LaneStore:
                 read = self._read_pages(beat_token, lock_ttl_s, now, read)
                 moved = int(read[0]) == 1 and holders_moved({k.lease: first_lease},
                                                             {k.lease: read[6] or None})
-                if get and int(read[0]) == 1:
+                if also_get and int(read[0]) == 1:
                     # After the last page: the first call's values are older than the pages.
                     got = [self.client.mget(also_get)]
         if int(read[0]) != 1:
             return Snapshot(lock=lost_mid_read(lock, read), states={}, lease=None, epoch=epoch)
-        if got and isinstance(got[0], Exception):
-            raise got[0]
         if not records:
             return unparsed(lock, epoch, read, watched)
         snap = self._parse_tick(lock, epoch, read,
@@ -409,24 +410,24 @@ class LaneStore:
         return replace(snap, holds_moved=moved, watched=watched) if moved or watch else snap
 
     def _tick_call(self, keys: Sequence[str], args: Sequence[Any], watch: Sequence[str],
-                   get: Sequence[tuple[Any, ...]],
-                   ) -> tuple[list[Any], dict[str, str | None], list[Any]]:
-        """``tick.lua``'s reply, ``watch``'s values read just before it and ``get``'s replies
-        after it, in one round trip. After a wake, the wake list is emptied in the same round
-        trip, before the read: a run that ends after the DEL wakes the next wait, and one that
-        ended before it is in this read."""
+                   ) -> tuple[list[Any], dict[str, str | None]]:
+        """``tick.lua``'s reply and ``watch``'s values read just before it, in one round
+        trip (the script alone when there is nothing before it: no pipeline to pack and
+        parse). After a wake, the wake list is emptied in the same round trip, before the
+        read: a run that ends after the DEL wakes the next wait, and one that ended before it
+        is in this read."""
         before: list[tuple[Any, ...]] = [("MGET", *watch)] if watch else []
         if self._wake_pending:
             self._wake_pending = False
             before.append(("DEL", self.keys.wake))
-        if not before and not get:
-            return self._tick(keys=keys, args=args), {}, []
-        replies = self._pipelined(self._tick, keys, args, before=before, after=get)
+        if not before:
+            return self._tick(keys=keys, args=args), {}
+        replies = self._pipelined(self._tick, keys, args, before=before)
         for reply in replies[:len(before)]:
             if isinstance(reply, Exception):
                 raise reply  # a wake list of the wrong type: beat says which key
         watched = dict(zip(watch, replies[0], strict=True)) if watch else {}
-        return replies[len(before)], watched, replies[len(before) + 1:]
+        return replies[len(before)], watched
 
     def _read_pages(self, beat_token: str, lock_ttl_s: float, now: float,
                     first: list[Any]) -> list[Any]:

@@ -7,13 +7,15 @@
 -- them.
 -- KEYS[1] beat lock, KEYS[2] beat fence, KEYS[3] epoch record, KEYS[4] due index,
 -- KEYS[5] changed set, KEYS[6] lanes hash, KEYS[7] lease, KEYS[8] paused, KEYS[9] run-now,
--- KEYS[10] due stamp, KEYS[11] changed stamp, KEYS[12] the changed set being read by pages
+-- KEYS[10] due stamp, KEYS[11] changed stamp, KEYS[12] the changed set being read by pages,
+-- KEYS[13...] string keys read after the read (the due checks' stamps)
 -- ARGV[1] beat token, ARGV[2] lock ttl ms, ARGV[3] quarantine ms, ARGV[4] new epoch id,
 -- ARGV[5] epoch record version, ARGV[6] cursor, ARGV[7] now, ARGV[8] stamp member,
 -- ARGV[9] page, ARGV[10] the server time (ms) this beat last saw another beat hold the lock,
 -- while that was less than a lock TTL ago by its own clock ('0': not lately),
 -- ARGV[11...] lanes read every tick
--- Returns {beat_lock's reply, epoch's reply, tick_read's reply}; a lock reply event
+-- Returns {beat_lock's reply, epoch's reply, tick_read's reply, KEYS[13...]'s values (MGET;
+-- only when the read was made)}; a lock reply event
 -- 'bad-fence' when the beat fence is unusable, {0, '', 'deferred-after-loss'} when this beat
 -- leaves a vacant lock to the beat it saw holding it (below).
 local function beat_lock(KEYS, ARGV)
@@ -88,6 +90,10 @@ if not epoch_reply then
 end
 local read_args = {ARGV[1], ARGV[6], ARGV[7], ARGV[8], ARGV[9]}
 for i = 11, #ARGV do read_args[#read_args + 1] = ARGV[i] end
-return {lock, epoch_reply,
-        tick_read({KEYS[1], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9],
-                   KEYS[10], KEYS[11], KEYS[12]}, read_args)}
+local read = tick_read({KEYS[1], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9],
+                        KEYS[10], KEYS[11], KEYS[12]}, read_args)
+-- The stamps in the script, not in an MGET after it: the idle tick is one command, and its
+-- client sends and parses no pipeline.
+local got = {}
+if #KEYS > 12 then got = redis.call('MGET', unpack(KEYS, 13)) end
+return {lock, epoch_reply, read, got}
