@@ -516,7 +516,7 @@ def state_error(cls: type, raw: str | bytes, key: str = "schedproj:lanes field '
 @pytest.mark.parametrize(
     ("raw", "fragment"),
     [
-        pytest.param('{"v": 2}', "version 2", id="newer-version"),
+        pytest.param('{"v": 3}', "version 3", id="newer-version"),
         pytest.param('{"v": 0, "backlog": 1}', "version 0", id="older-version"),
         pytest.param('{"backlog": 1}', "version None", id="no-version"),
         pytest.param('{"v": "1"}', "version '1'", id="version-string"),
