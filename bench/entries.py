@@ -102,13 +102,14 @@ def quiet_hours(now: datetime) -> tuple[int, ...]:
     return tuple(h for h in range(24) if h not in (now.hour, (now.hour + 1) % 24))
 
 
-def beat_schedule(n: int, hours: tuple[int, ...]) -> dict[str, dict[str, Any]]:
-    """N entries: even ones every 20 minutes to a day, odd ones a crontab at minute ``j % 60``
-    of one of ``hours`` (about N / 2640 entries share a minute)."""
+def beat_schedule(n: int, hours: tuple[int, ...], min_interval_s: int = MIN_INTERVAL_S,
+                  ) -> dict[str, dict[str, Any]]:
+    """N entries: even ones every ``min_interval_s`` (20 minutes) to a day later, odd ones a
+    crontab at minute ``j % 60`` of one of ``hours`` (about N / 2640 entries share a minute)."""
     spec: dict[str, dict[str, Any]] = {}
     for i in range(n):
         if i % 2 == 0:
-            every = MIN_INTERVAL_S + (i * INTERVAL_STEP_S) % INTERVAL_SPREAD_S
+            every = min_interval_s + (i * INTERVAL_STEP_S) % INTERVAL_SPREAD_S
             sched: Any = schedule(timedelta(seconds=every))
         else:
             j = i // 2
