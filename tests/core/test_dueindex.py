@@ -448,7 +448,11 @@ def test_leaving_out_quiet_lanes_decides_what_planning_them_decides(
             == measure(full.decision, later.states, later.lease, later.now))
     assert min([wake_of(part, later.now), *quiet.values()]) <= wake_of(full, later.now)
     for lane in quiet:
-        assert not full.decision.views[lane].due
+        # A light lane in flight is looked at when its flight ends (``next_look``: its end is
+        # a change anyway), though its cadence may pass meanwhile; planning it then sends and
+        # changes nothing for it (compared above). Any other quiet lane is not due.
+        view = full.decision.views[lane]
+        assert not view.due or (view.in_flight and not view.spec.heavy), view
 
 
 GRACE = 30.0
