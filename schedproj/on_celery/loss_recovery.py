@@ -248,18 +248,20 @@ class LossRecovery:
         if not self.store.mark_lost(lost.lane, raw, lost.record, task_id=lost.task_id,
                                     heavy=lost.heavy, leases=self._lease_keys()):
             return
+        # Journaled and counted before it is said: whoever reads the log line (an operator,
+        # Sentry, a test) and then stops beat finds the loss in the journal and the counter.
         if lost.cleared:
-            logger.warning("lane %s: run %s cleared %s", lost.lane, lost.task_id, lost.why)
             self.store.log(self.keys.journal, {
                 "ev": lifecycle.CLEARED, "lane": lost.lane, "task": lost.task_id,
                 "fence": lost.fence, "t": time.time()})
+            logger.warning("lane %s: run %s cleared %s", lost.lane, lost.task_id, lost.why)
             return
-        logger.error("lane %s: run %s lost (%s, no end recorded; its worker died?)",
-                     lost.lane, lost.task_id, lost.why)
         self.store.count(counter_field(CounterKind.LOST, lost.lane))
         self.store.log(self.keys.journal, {
             "ev": "lost", "lane": lost.lane, "task": lost.task_id, "fence": lost.fence,
             "t": time.time()})
+        logger.error("lane %s: run %s lost (%s, no end recorded; its worker died?)",
+                     lost.lane, lost.task_id, lost.why)
 
 
 __all__ = ["LossRecovery", "say_state_loss"]
