@@ -229,6 +229,13 @@ class TickMemory:
         compares)."""
         return {lane: was.state for lane, was in self.quiet.items() if now < was.until}
 
+    def wake_resting(self) -> None:
+        """Read the lanes read every tick again from the next tick on, each planned on what
+        it reads: a tick that stopped after its read (Redis refused a write; the active beat
+        goes on) consumed the change marks that read carried, so the record a lane rests on
+        may no longer be the one stored, and no mark will say so again."""
+        self.quiet.clear()
+
     def quiet_now(self, lanes: Iterable[str], states: Mapping[str, LaneState],
                   probes: Mapping[str, int], lease: LeaseView | None, now: float, *,
                   planned: Collection[Collection[str]] = ()) -> dict[str, float]:

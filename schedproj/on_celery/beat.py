@@ -247,7 +247,9 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         except redis.ResponseError as exc:
             # A write refused (a key of the wrong type or garbage where a number belongs; the
             # reads name the key themselves): say so once per onset and keep running (no crash
-            # loop); the operator fixes or deletes the key.
+            # loop); the operator fixes or deletes the key. The tick's read may have
+            # consumed change marks of resting lanes before the refusal: they are read again.
+            self.engine.memory.wake_resting()
             self._say_refused(exc)
             return REDIS_RETRY_S
 
