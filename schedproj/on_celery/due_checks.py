@@ -31,6 +31,8 @@ class ErrorReporter:
         #: Lanes whose error may be in Redis: those this beat recorded, and on taking the lock
         #: those another beat may have left (cleared once, by the next success).
         self.maybe_recorded: set[str] = set()
+        #: Redis refused the last write of an error or its clearing (said once per onset).
+        self.refusing = False
 
     def new_tick(self) -> None:
         self.previous, self.reported = self.reported, {}
@@ -42,8 +44,8 @@ class ErrorReporter:
         if once and self.previous.get(lane) == message:
             return
         logger.error("scheduling error: %s", message, exc_info=exc_info)
-        self.store.record_error(lane, message)
-        self.maybe_recorded.add(lane)
+        self.maybe_recorded.add(lane)  # (even half written: the hash may have taken it)
+        self._write(lambda: self.store.record_error(lane, message))
 
     def suspect(self, lanes: list[str]) -> None:
         """Another beat may have recorded errors for ``lanes`` (this one just took the lock)."""
@@ -53,9 +55,28 @@ class ErrorReporter:
         """``lanes`` ran their hooks without error: clear what was recorded for them. Costs a
         round trip only when one of them may have an error recorded."""
         cleared = [lane for lane in lanes if lane in self.maybe_recorded]
-        if cleared:
-            self.store.clear_errors(cleared)
+        if cleared and self._write(lambda: self.store.clear_errors(cleared)):
             self.maybe_recorded.difference_update(cleared)
+
+    def _write(self, write: Callable[[], None]) -> bool:
+        """Record or clear errors: bookkeeping for status, made after the tick's read. A key
+        of the wrong type there (the errors hash, the counters) must not stop the tick: its
+        refusal stopped every tick of a beat whose lanes have due checks (each hook's error
+        another beat may have left is cleared on taking the lock), so nothing was
+        dispatched. Said once per onset, naming the keys; False when refused."""
+        try:
+            write()
+        except redis.ResponseError as exc:
+            if not self.refusing:
+                keys = self.store.keys
+                logger.error("cannot record or clear scheduling errors: Redis refused (%s); "
+                             "scheduling goes on. Fix: `redis-cli TYPE` %s and %s (each must "
+                             "be a hash) and delete the one that is not", exc, keys.errors,
+                             keys.counters)
+            self.refusing = True
+            return False
+        self.refusing = False
+        return True
 
 
 @dataclass(frozen=True)

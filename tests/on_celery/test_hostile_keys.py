@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import pytest
 import redis
@@ -263,4 +264,50 @@ def test_a_running_beat_whose_fence_turns_to_garbage_reports_it_and_sends_nothin
     sched.tick()
     sched.tick()
     assert len(sent(broker, "light")) == 2
+    sched.close()
+
+
+def lanes_with_a_due_check(fails: list[bool]) -> Callable[[Celery], None]:
+    """The two lanes, and a light lane with a due check (as the REM chain's lanes have) that
+    raises while ``fails`` holds True."""
+    def check() -> int:
+        if fails and fails[0]:
+            raise RuntimeError("the store the check reads is down")
+        return 0
+
+    def declare(app: Celery) -> None:
+        two_lanes(app)
+
+        @app.task(shared=False, base=LaneTask, name="k.checked",
+                  lane=Lane(cadence_s=3600, kind=LaneKind.LIGHT, due_check=check))
+        def checked() -> None: ...
+
+    return declare
+
+
+@pytest.mark.parametrize(("name", "how", "check_fails"), [
+    ("errors", "wrong-type", False), ("errors", "garbage", False),
+    ("errors", "garbage", True), ("counters", "garbage", True)])
+def test_a_broken_errors_or_counters_key_does_not_stop_a_tick_with_due_checks(
+        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis, name: str, how: str,
+        check_fails: bool, caplog: pytest.LogCaptureFixture) -> None:
+    """Recording a due check's error (``<prefix>:errors`` and an error counter) and clearing
+    it (on taking the lock every check's error may be another beat's, cleared by its next
+    success) are bookkeeping: with either key broken, the tick's HDEL or HINCRBY was refused
+    after its read, the whole tick stopped, and with the errors hash broken every tick did,
+    so no lane at all - light ones included - was ever dispatched while any lane had a due
+    check (the REM chain's all have)."""
+    key = f"{key_prefix}:{name}"
+    spoil(redis_client, key, BEAT_KEYS[name], how)
+    sched = FairScheduler(app=make_app(key_prefix, lanes_with_a_due_check([check_fails]),
+                                       beat_max_loop_interval_s=0.2, beat_lock_ttl_s=5.0,
+                                       start_deadline_s=5.0, wake_on_release=False))
+    with caplog.at_level(logging.INFO, logger="schedproj"):
+        sched.tick()
+        assert [m["task"] for m in sent(broker, "light")] == [LIGHT] + (
+            [] if check_fails else ["k.checked"]), f"a broken {name} stopped the tick"
+        for _ in range(2):
+            sched.tick()
+    said = [r.getMessage() for r in caplog.records if key in r.getMessage()]
+    assert said and len(said) == len(set(said)), f"{key} not named once: {said}"
     sched.close()
