@@ -672,8 +672,8 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         logger.info("beat %s: active (beat lock %s, fence %d)", self.token[:8],
                     snap.lock.event, snap.lock.fence)
         # For the audit: from now on, messages under an older beat fence must run nothing.
-        self.rt.store.log(self.rt.keys.dispatch_log, {
-            "ev": "lock", "beat": self.token[:8], "fence": snap.lock.fence, "t": time.time()})
+        self.engine.dispatcher.audit([{
+            "ev": "lock", "beat": self.token[:8], "fence": snap.lock.fence, "t": time.time()}])
         self._announce(now)
 
     def _wait(self, plan: Plan | None, next_look: float | None, now: float, *,

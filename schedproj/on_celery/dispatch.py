@@ -378,9 +378,27 @@ class Dispatcher:
                 if "pool" in grant:
                     entry.update(pool=grant["pool"], slots=grant["slots"])
                 sent.append(entry)
-        self.rt.store.log_many(self.rt.keys.dispatch_log, sent)
+        self.audit(sent)
         # A forced lane whose message did not leave keeps its request for the next tick.
         self.rt.store.done_forcing([e["lane"] for e in sent if e["lane"] in snap.forced])
+
+    def audit(self, entries: Sequence[Mapping[str, Any]]) -> None:
+        """Append ``entries`` to the dispatch log, an audit list (the chaos audit reads it).
+        A log of the wrong type stops nothing else: its refusal, after the messages left,
+        stopped the tick there (a run-now request served stayed requested, the entries and
+        families steps were skipped) and, on taking the lock, stopped beat before it
+        announced itself. Said once per onset."""
+        try:
+            self.rt.store.log_many(self.rt.keys.dispatch_log, entries)
+        except redis.ResponseError as exc:
+            key = self.rt.keys.dispatch_log
+            if "dispatch log" not in self.refused:
+                logger.error("Redis refused a command for the dispatch log (%s): %s (must be a "
+                             "list) holds a value of the wrong type; the audit misses entries, "
+                             "scheduling goes on. Fix: `redis-cli DEL %s`", exc, key, key)
+            self.refused["dispatch log"] = str(exc)
+            return
+        self.refused.pop("dispatch log", None)
 
     def send(self, lane: str, send: Send, kwargs: dict[str, Any]) -> bool:
         """Send one lane's message; on failure undo its grant. True if it left."""

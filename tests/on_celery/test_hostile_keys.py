@@ -311,3 +311,32 @@ def test_a_broken_errors_or_counters_key_does_not_stop_a_tick_with_due_checks(
     said = [r.getMessage() for r in caplog.records if key in r.getMessage()]
     assert said and len(said) == len(set(said)), f"{key} not named once: {said}"
     sched.close()
+
+
+def test_a_broken_dispatch_log_stops_no_other_step_of_the_tick(
+        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The dispatch log is an audit list. With it broken, the append of a beat's take-over
+    was refused before the beat announced itself (``beat:info``, the published lanes), so
+    status named no active beat while it dispatched; and the append of a tick's sends was
+    refused after the messages left, stopping the tick there: a run-now request served
+    stayed requested, and the tick's later steps (the schedule entries, the families'
+    sync, the pressure) were skipped on every tick that sent a lane."""
+    keys = Keys(key_prefix)
+    spoil(redis_client, keys.dispatch_log, "list", "garbage")
+    sched = scheduler(key_prefix)
+    with caplog.at_level(logging.INFO, logger="schedproj"):
+        sched.tick()
+        assert redis_client.hget(keys.beat_info, "token") == sched.token, "beat never announced"
+        assert redis_client.get(keys.published_lanes), "the lanes were never published"
+        finish_light(sched, sent(broker, "light")[0]["id"])
+        sched.tick()
+        sched.rt.store.run_now(LIGHT)  # what `schedproj run` does
+        sched.tick()
+        assert len(sent(broker, "light")) == 2
+        assert not redis_client.sismember(keys.run_now, LIGHT), "the request stayed"
+        for _ in range(2):
+            sched.tick()
+    said = [r.getMessage() for r in caplog.records if keys.dispatch_log in r.getMessage()]
+    assert said and len(said) == len(set(said)), f"not named once: {said}"
+    sched.close()
