@@ -387,7 +387,10 @@ class Dispatcher:
         A log of the wrong type stops nothing else: its refusal, after the messages left,
         stopped the tick there (a run-now request served stayed requested, the entries and
         families steps were skipped) and, on taking the lock, stopped beat before it
-        announced itself. Said once per onset."""
+        announced itself. The same for an audit Redis of its own (``audit_redis_url``) out
+        of reach: beat took its connection error for the state Redis's and stood by, every
+        tick. (With the log on the state Redis, that Redis's next call says it is out of
+        reach.) Said once per onset."""
         try:
             self.rt.store.log_many(self.rt.keys.dispatch_log, entries)
         except redis.ResponseError as exc:
@@ -396,6 +399,12 @@ class Dispatcher:
                 logger.error("Redis refused a command for the dispatch log (%s): %s (must be a "
                              "list) holds a value of the wrong type; the audit misses entries, "
                              "scheduling goes on. Fix: `redis-cli DEL %s`", exc, key, key)
+            self.refused["dispatch log"] = str(exc)
+            return
+        except redis.RedisError as exc:
+            if "dispatch log" not in self.refused:
+                logger.error("cannot append to the dispatch log (%s); the audit misses entries "
+                             "until its Redis is back, scheduling goes on", exc)
             self.refused["dispatch log"] = str(exc)
             return
         self.refused.pop("dispatch log", None)

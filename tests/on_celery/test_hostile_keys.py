@@ -340,3 +340,24 @@ def test_a_broken_dispatch_log_stops_no_other_step_of_the_tick(
     said = [r.getMessage() for r in caplog.records if keys.dispatch_log in r.getMessage()]
     assert said and len(said) == len(set(said)), f"not named once: {said}"
     sched.close()
+
+
+def test_an_unreachable_audit_redis_stops_no_dispatch(
+        key_prefix: str, broker: redis.Redis, caplog: pytest.LogCaptureFixture) -> None:
+    """``SCHEDPROJ_AUDIT_REDIS_URL`` puts the dispatch log on a Redis of its own, to keep the
+    audit when the state Redis loses everything. With that Redis down, appending to the log
+    raised a connection error that beat took for the state Redis being unreachable: on
+    every tick it took the lock, failed its take-over's append and stood by ("STOPPED
+    DISPATCHING"), so nothing was ever dispatched again."""
+    sched = FairScheduler(app=make_app(key_prefix, two_lanes, beat_max_loop_interval_s=0.2,
+                                       beat_lock_ttl_s=5.0, start_deadline_s=5.0,
+                                       wake_on_release=False,
+                                       audit_redis_url="redis://127.0.0.1:1/0"))
+    with caplog.at_level(logging.INFO, logger="schedproj"):
+        for _ in range(3):
+            sched.tick()
+    assert sched.active, "beat stood by"
+    assert len(sent(broker, "light")) == 1
+    said = [r.getMessage() for r in caplog.records if "dispatch log" in r.getMessage()]
+    assert len(said) == 1, said
+    sched.close()
