@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 import redis
@@ -81,6 +81,8 @@ class LossRecovery:
         #: it ran: a second loss before then keeps the earlier estimate, so losses that come
         #: faster than a cadence never push a lane's turn back for ever.
         self.estimated: dict[str, float] = {}
+        #: The counters or journal refused the last loss's bookkeeping (said once per onset).
+        self.bookkeeping_failed = False
         #: When this beat last put back records after a state loss (a run that started before
         #: then and is recorded lost may have ended unrecorded: its end was lost with Redis).
         self.put_back_at: float | None = None
@@ -251,17 +253,35 @@ class LossRecovery:
         # Journaled and counted before it is said: whoever reads the log line (an operator,
         # Sentry, a test) and then stops beat finds the loss in the journal and the counter.
         if lost.cleared:
-            self.store.log(self.keys.journal, {
+            self._book(lambda: self.store.log(self.keys.journal, {
                 "ev": lifecycle.CLEARED, "lane": lost.lane, "task": lost.task_id,
-                "fence": lost.fence, "t": time.time()})
+                "fence": lost.fence, "t": time.time()}))
             logger.warning("lane %s: run %s cleared %s", lost.lane, lost.task_id, lost.why)
             return
-        self.store.count(counter_field(CounterKind.LOST, lost.lane))
-        self.store.log(self.keys.journal, {
+        self._book(lambda: self.store.count(counter_field(CounterKind.LOST, lost.lane)))
+        self._book(lambda: self.store.log(self.keys.journal, {
             "ev": "lost", "lane": lost.lane, "task": lost.task_id, "fence": lost.fence,
-            "t": time.time()})
+            "t": time.time()}))
         logger.error("lane %s: run %s lost (%s, no end recorded; its worker died?)",
                      lost.lane, lost.task_id, lost.why)
+
+    def _book(self, write: Callable[[], None]) -> None:
+        """Count or journal a loss already recorded: bookkeeping. The counters of the wrong
+        type, or the journal's own Redis (``audit_redis_url``) out of reach, stopped the tick
+        after the record was written - the loss never said, the tick's dispatch skipped - and
+        the latter sent beat to stand by as if the state Redis were gone. Said once per
+        onset; a state Redis out of reach fails beat's next call anyway."""
+        try:
+            write()
+        except redis.RedisError as exc:
+            if not self.bookkeeping_failed:
+                logger.error("cannot count or journal a lost run (%s); it is recorded in its "
+                             "lane's record, scheduling goes on. Fix: `redis-cli TYPE` %s (a "
+                             "hash) and %s (a list), or bring the audit Redis back", exc,
+                             self.keys.counters, self.keys.journal)
+            self.bookkeeping_failed = True
+            return
+        self.bookkeeping_failed = False
 
 
 __all__ = ["LossRecovery", "say_state_loss"]

@@ -361,3 +361,35 @@ def test_an_unreachable_audit_redis_stops_no_dispatch(
     said = [r.getMessage() for r in caplog.records if "dispatch log" in r.getMessage()]
     assert len(said) == 1, said
     sched.close()
+
+
+@pytest.mark.parametrize("broken", ["audit-redis-down", "counters"])
+def test_recording_a_lost_run_stops_no_dispatch(
+        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis, broken: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A lost run is recorded (compare and set), then counted and journaled. With the
+    counters of the wrong type, or the journal's own Redis out of reach, the count or the
+    append stopped the tick after the record was written - the loss never said - and an
+    unreachable audit Redis sent beat to stand by as if the state Redis were gone."""
+    audit = {"audit_redis_url": "redis://127.0.0.1:1/0"} if broken == "audit-redis-down" else {}
+    sched = FairScheduler(app=make_app(key_prefix, two_lanes, beat_max_loop_interval_s=0.2,
+                                       beat_lock_ttl_s=5.0, start_deadline_s=5.0,
+                                       lease_ttl_s=1.0, wake_on_release=False, **audit))
+    sched.tick()
+    [message] = sent(broker, "light")
+    now = time.time()
+    # Its worker started it and died: the in-flight mark lapsed past its grace long ago.
+    sched.rt.store.write_run(LIGHT, RunRecord(running_task_id=message["id"],
+                                              running_since=now - 30, running_until=now - 20))
+    if broken == "counters":
+        redis_client.delete(f"{key_prefix}:counters")
+        redis_client.set(f"{key_prefix}:counters", "garbage")
+    with caplog.at_level(logging.INFO, logger="schedproj"):
+        for _ in range(3):
+            sched.tick()
+    assert sched.active, "beat stood by"
+    said = [r.getMessage() for r in caplog.records if f"run {message['id']} lost" in
+            r.getMessage()]
+    assert len(said) == 1, "the loss was not said"
+    assert len(sent(broker, "light")) == 2, "the lane was not dispatched again"
+    sched.close()
