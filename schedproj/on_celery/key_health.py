@@ -67,10 +67,20 @@ class KeyHealth:
         return [key for key in (self.keys.due, self.keys.changed) if key in broken]
 
     def healed(self, broken: Mapping[str, str]) -> None:
-        """Count every heal; warn once per onset, naming the key and what was wrong."""
+        """Count every heal; warn once per onset, naming the key and what was wrong. The
+        count is bookkeeping: with the counters of the wrong type it was refused before the
+        heal, so the heal never happened and every tick stopped there (nothing dispatched);
+        the counters are named once by the tick's other writes to them."""
         counts = {counter_field(CounterKind.HEALS, self._name(key)): 1
                   for key in self.derived(broken)}
-        self.store.count_many(counts)
+        try:
+            self.store.count_many(counts)
+        except redis.ResponseError as exc:
+            if self._said.get(self.keys.counters) != "refused":
+                logger.error("cannot count the heal (%s): %s must be a hash; the heal goes on. "
+                             "Fix: `redis-cli DEL %s`", exc, self.keys.counters,
+                             self.keys.counters)
+            self._said[self.keys.counters] = "refused"
         for key in self.derived(broken):
             if self._said.get(key) != broken[key]:
                 what = ("held a value of the wrong type" if broken[key] == "wrong-type" else

@@ -393,3 +393,20 @@ def test_recording_a_lost_run_stops_no_dispatch(
     assert len(said) == 1, "the loss was not said"
     assert len(sent(broker, "light")) == 2, "the lane was not dispatched again"
     sched.close()
+
+
+@pytest.mark.parametrize("derived", ["due", "changed"])
+def test_a_derived_key_heals_with_the_counters_broken(
+        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis, derived: str) -> None:
+    """Each heal of a derived key is counted before the key is rebuilt. With the counters
+    of the wrong type too, that count was refused, the heal never happened, and every tick
+    stopped there: nothing at all was dispatched (a run-now request waited for ever)."""
+    sched = settled(key_prefix, broker)
+    sched.rt.store.run_now(LIGHT)  # what `schedproj run` does
+    spoil(redis_client, f"{key_prefix}:counters", "hash", "garbage")
+    spoil(redis_client, f"{key_prefix}:{derived}", BEAT_KEYS[derived], "garbage")
+    for _ in range(3):
+        sched.tick()
+    assert redis_client.type(f"{key_prefix}:{derived}") != "string", "never healed"
+    assert len(sent(broker, "light")) == 2, "the run-now request was never served"
+    sched.close()
