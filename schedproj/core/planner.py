@@ -20,6 +20,7 @@ from schedproj.core.pipeline import Decision, decide, seconds_until_next_due
 from schedproj.core.pools import Grant, Pool
 from schedproj.core.records import EMPTY_STATE, LaneState, LeaseView, SchedRecord
 from schedproj.core.schedules import missed_fires
+from schedproj.core.views import dispatch_ended
 
 
 @dataclass(frozen=True)
@@ -223,6 +224,23 @@ def hold_grants(decision: Decision) -> Decision:
     return replace(decision, winner=None, pool_grants=())
 
 
+def forget_ended_dispatch(state: LaneState) -> SchedRecord:
+    """The lane's sched record without its in-flight message once that message ended
+    (``views.dispatch_ended``); the record itself otherwise. A lane at rest then keeps a
+    sched record in Redis's 64-byte allocation class instead of the 160-byte one (about 96
+    bytes a lane: docs/performance.md, "Where the bytes go"). Every release reads it: a
+    missing field takes its default (the previous release's beat wrote such records itself
+    when a message never left), and a worker of any release refuses a redelivered copy of the
+    ended message as not the lane's current dispatch. Unlike the compact format, nothing
+    waits for the whole fleet to run this release. It costs one more record in the write beat
+    makes anyway once a run ended (the lane's next look)."""
+    old = state.sched
+    if not dispatch_ended(state):
+        return old
+    # (evolve: dataclasses.replace without its cost, core.frozen.)
+    return evolve(old, inflight_task_id=None, inflight_deadline=None)
+
+
 def sched_changes(
     decision: Decision,
     states: Mapping[str, LaneState],
@@ -240,7 +258,7 @@ def sched_changes(
 
     for lane in views:
         state = get(lane)
-        old = state.sched if state is not None else empty
+        old = empty if state is None else _ended_forgotten(lane, state, sends, changes)
         if lane in sends:
             send = sends[lane]
             # (evolve: dataclasses.replace without its cost, core.frozen.)
@@ -263,6 +281,19 @@ def sched_changes(
     return changes, news
 
 
+def _ended_forgotten(lane: str, state: LaneState, sends: Mapping[str, Send],
+                     changes: dict[str, SchedRecord]) -> SchedRecord:
+    """The lane's sched record with an ended dispatch forgotten (then recorded in
+    ``changes``); a lane sent now gets its new dispatch instead."""
+    old = state.sched
+    if lane in sends or old.inflight_task_id is None:
+        return old
+    forgotten = forget_ended_dispatch(state)
+    if forgotten is not old:
+        changes[lane] = forgotten
+    return forgotten
+
+
 def _end_streaks_outside(views: Mapping[str, object], states: Mapping[str, LaneState],
                          changes: dict[str, SchedRecord]) -> None:
     """Lanes outside this decision (paused, disabled by the profile) are not deferred now: end
@@ -273,5 +304,5 @@ def _end_streaks_outside(views: Mapping[str, object], states: Mapping[str, LaneS
             changes[lane] = evolve(st.sched, deferral=None)
 
 
-__all__ = ["Missed", "Plan", "Send", "TickInput", "hold_grants", "plan_tick", "quarantine",
-           "record_misses", "sched_changes"]
+__all__ = ["Missed", "Plan", "Send", "TickInput", "forget_ended_dispatch", "hold_grants",
+           "plan_tick", "quarantine", "record_misses", "sched_changes"]

@@ -90,6 +90,16 @@ def is_in_flight(state: LaneState, now: float, grace_s: float = 0.0) -> bool:
     return deadline is not None and now < deadline
 
 
+def dispatch_ended(state: LaneState) -> bool:
+    """Has the message the sched record names as in flight ended: run (its end recorded,
+    lost included) or refused (recorded skipped)? Then the record's in-flight fields say
+    nothing :func:`is_in_flight` or a worker needs any more (a redelivered copy of the message
+    is refused as not the lane's current dispatch, as it was refused as already started)."""
+    task_id = state.sched.inflight_task_id
+    return task_id is not None and (task_id == state.run.last_task_id
+                                    or task_id == state.run.skipped_task_id)
+
+
 def view_lane(
     spec: LaneSpec,
     state: LaneState,

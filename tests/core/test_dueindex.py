@@ -34,6 +34,7 @@ from schedproj.core.pipeline import decide
 from schedproj.core.planner import TickInput, plan_tick
 from schedproj.core.pressure import measure
 from schedproj.core.records import LaneState, LeaseView, Outcome, RunRecord, SchedRecord
+from schedproj.core.views import dispatch_ended
 from tests.core.test_picker_properties import PROPERTY, Scenario, scenarios
 
 
@@ -102,7 +103,11 @@ def test_skipping_lanes_that_wait_for_the_same_lease_changes_nothing(
         if s.kind is LaneKind.HEAVY and data.draw(st.booleans()):
             old = states.get(s.name, LaneState())
             reason = data.draw(st.sampled_from(sorted(LEASE_WAITS)))
-            states[s.name] = replace(old, sched=replace(old.sched, deferral=Deferral(
+            # As the plan that recorded the wait left it: a dispatch that had ended by then
+            # forgotten (planner.sched_changes); a run ending since marks its lane looked.
+            sched = (replace(old.sched, inflight_task_id=None, inflight_deadline=None)
+                     if dispatch_ended(old) else old.sched)
+            states[s.name] = replace(old, sched=replace(sched, deferral=Deferral(
                 lane=s.name, reason=reason, blocker="someone", since=sc.now - 50)))
             recorded.add(s.name)
     sc = replace(sc, states=states)

@@ -737,7 +737,34 @@ def test_sched_changes_clear_deferrals_of_lanes_no_longer_deferred() -> None:
     assert changes["kb-sync"] == SchedRecord()  # no longer due: deferral cleared
     assert changes["golden-path"].deferral is None
     assert changes["golden-path"].inflight_task_id == "g-1"
-    assert "dream" not in changes
+    # dream's dispatch ended (its run recorded d-1): only its in-flight fields are forgotten.
+    assert changes["dream"] == SchedRecord(dispatches=1)
+
+
+def test_sched_changes_forget_a_dispatch_once_its_run_ended_or_was_refused() -> None:
+    sched = SchedRecord(inflight_task_id="d-1", inflight_deadline=NOW + 60,
+                        last_dispatch_at=NOW - 600, dispatches=4)
+    forgotten = replace(sched, inflight_task_id=None, inflight_deadline=None)
+    cases = {
+        "ended": (RunRecord(last_run_at=NOW - 10, last_task_id="d-1", runs=4), forgotten),
+        "refused": (RunRecord(last_run_at=NOW - 900, last_task_id="d-0", runs=3,
+                              skipped_task_id="d-1"), forgotten),
+        # Started, not ended: the record still names the message, whose end is to come.
+        "running": (RunRecord(last_run_at=NOW - 900, last_task_id="d-0", runs=3,
+                              running_task_id="d-1", running_since=NOW - 5,
+                              running_until=NOW + 55), None),
+        # Not started: the message may still be delivered until its deadline.
+        "sent": (RunRecord(last_run_at=NOW - 900, last_task_id="d-0", runs=3), None),
+    }
+    for case, (run, expected) in cases.items():
+        states = {"dream": LaneState(run=run, sched=sched)}
+        decision = decide([DREAM], states, None, NOW)
+        assert decision.dispatched == ()
+        changes, _ = sched_changes(decision, states, {}, NOW)
+        assert changes.get("dream") == expected, case
+    # Forgotten once: the record written reads back with nothing to forget.
+    states = {"dream": LaneState(run=cases["ended"][0], sched=forgotten)}
+    assert sched_changes(decide([DREAM], states, None, NOW), states, {}, NOW) == ({}, [])
 
 
 def test_sched_changes_winner_without_send_stays_as_it_was() -> None:
