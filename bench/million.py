@@ -67,7 +67,8 @@ from bench.tickcost import (
 from schedproj import LaneTask, Settings, configure_app
 from schedproj.core.families import LaneFamily, member_lane
 from schedproj.core.lanes import LaneKind
-from schedproj.core.records import Outcome, RunRecord, SchedRecord, decode, encode
+from schedproj.core.planner import forget_ended_dispatch
+from schedproj.core.records import LaneState, Outcome, RunRecord, SchedRecord, decode, encode
 from schedproj.on_celery.beat import FairScheduler
 from schedproj.rem import lanes as rem  # the REM chain (shared tasks: in every app made after)
 from schedproj.store.entry_store import EntryStore
@@ -210,18 +211,20 @@ def rem_lanes(app: Celery) -> list[str]:
 
 
 def idle_records(names: list[str], now: float, compact: bool = False) -> dict[Any, Any]:
-    """Every lane ran just now and its message was the one beat sent: nothing is due. In the
-    compact format with ``compact`` (as the workers and beat write them with
-    SCHEDPROJ_COMPACT_RECORDS on)."""
+    """Every lane ran just now and its message was the one beat sent: nothing is due. The
+    sched record as beat leaves it once it read the run's end (the ended dispatch
+    forgotten: ``planner.forget_ended_dispatch``). In the compact format with ``compact``
+    (as the workers and beat write them with SCHEDPROJ_COMPACT_RECORDS on)."""
     mapping: dict[Any, Any] = {}
     for name in names:
         task_id = str(uuid.uuid4())
-        mapping[f"{name}|run"] = encode(RunRecord(
-            last_run_at=now, last_outcome=Outcome.COMPLETED, last_task_id=task_id, runs=1),
-            compact=compact)
-        mapping[f"{name}|sched"] = encode(SchedRecord(
-            inflight_task_id=task_id, inflight_deadline=now + 60, last_dispatch_at=now - 1,
-            dispatches=1), compact=compact)
+        run = RunRecord(last_run_at=now, last_outcome=Outcome.COMPLETED, last_task_id=task_id,
+                        runs=1)
+        sched = SchedRecord(inflight_task_id=task_id, inflight_deadline=now + 60,
+                            last_dispatch_at=now - 1, dispatches=1)
+        mapping[f"{name}|run"] = encode(run, compact=compact)
+        mapping[f"{name}|sched"] = encode(forget_ended_dispatch(LaneState(run, sched)),
+                                          compact=compact)
     return mapping
 
 
