@@ -21,6 +21,7 @@ from schedproj.core.families import (
     member_lane,
 )
 from schedproj.core.records import RunRecord, encode
+from schedproj.store import scripts
 from schedproj.store.protocol import Keys, run_field, sched_field
 
 #: Members written per MULTI (a sync of 100,000 members is a few hundred round trips).
@@ -69,6 +70,7 @@ class FamilyStore:
         self.compact_records = compact_records
         #: The declared families (None: not known here, any name is taken).
         self.families = None if families is None else frozenset(families)
+        self._forget_runs = scripts.register(client, "member_run_forget")
 
     def check_family(self, family: str) -> None:
         """A :class:`FamilyError` with the fix unless ``family`` may be written: a declared
@@ -104,7 +106,9 @@ class FamilyStore:
         return added
 
     def remove(self, family: str, keys: Iterable[str]) -> int:
-        """Remove members and their state; returns how many were members."""
+        """Remove members and their state; returns how many were members. A member's run
+        record that names a run in flight is kept until that run ends (``member_run_forget.lua``):
+        added back meanwhile, the member is not dispatched again beside its running run."""
         self.check_family(family)
         valid = sorted({check_key(family, k) for k in keys})
         removed = 0
@@ -114,8 +118,9 @@ class FamilyStore:
             pipe = self.client.pipeline(transaction=True)
             pipe.srem(self.keys.family(family), *chunk)
             pipe.zrem(self.keys.due, *lanes)
-            pipe.hdel(self.keys.lanes, *[f(lane) for lane in lanes
-                                         for f in (run_field, sched_field)])
+            pipe.hdel(self.keys.lanes, *[sched_field(lane) for lane in lanes])
+            self._forget_runs(keys=[self.keys.lanes], args=[run_field(lane) for lane in lanes],
+                              client=pipe)
             pipe.srem(self.keys.paused, *lanes)
             pipe.srem(self.keys.run_now, *lanes)
             pipe.hdel(self.keys.errors, *lanes)

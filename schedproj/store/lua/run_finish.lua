@@ -77,6 +77,15 @@ if written == 1 and ARGV[11] == '1' and trusted and not redis.call('ZSCORE', KEY
     then
   written = -3
 end
+-- Its record was kept only because this run was in flight (member_run_forget.lua): delete it,
+-- unless it names another run in flight by now.
+if written == -3 and existing then
+  local ok, rec = pcall(cjson.decode, existing)
+  local other = ok and type(rec) == 'table' and record_get(rec, 'running_task_id')
+  if type(other) ~= 'string' or other == record_get(cjson.decode(ARGV[3]), 'last_task_id') then
+    redis.call('HDEL', KEYS[2], ARGV[2])
+  end
+end
 if written == 1 then
   redis.call('HSET', KEYS[2], ARGV[2], record)
   if ARGV[9] ~= '' and trusted and redis.call('ZSCORE', KEYS[4], ARGV[10]) then
