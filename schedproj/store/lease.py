@@ -262,9 +262,17 @@ class HeavyLease:
         record = encode(replace(reassert, reasserted=True)) if reassert is not None else ""
         fence = reassert.fence if reassert is not None else 0
         started = (reassert.started_at or reassert.granted_at) if reassert is not None else 0.0
+        # A slot's holder records its slot in the pools hash (at least index + 1 slots): lost
+        # with Redis's state or deleted, the hash would no longer name a slot past a shrunk
+        # pool, and beat, not reading that slot, would judge the run lost and send its lane
+        # again beside it.
+        slot = ([self.keys.pool, self.keys.index + 1] if isinstance(self.keys, SlotKeys)
+                else ["", 0])
         reply = self._renew(
-            keys=[self.keys.lease, self.keys.lease_fence, self.keys.pressure, self.keys.epoch],
-            args=[token, _ms(ttl_s), repr(now), repr(max_hold_s), record, fence, repr(started)],
+            keys=[self.keys.lease, self.keys.lease_fence, self.keys.pressure, self.keys.epoch,
+                  self.keys.pools],
+            args=[token, _ms(ttl_s), repr(now), repr(max_hold_s), record, fence, repr(started),
+                  *slot],
         )
         pressure = reply[2] if len(reply) > 2 else None
         return Renewal(int(reply[0]) == 1, str(reply[1]),
@@ -417,7 +425,15 @@ class PoolSlots:
         return bool(self.slot_keys or self.retired_keys)
 
     def _declaration(self) -> list[str | int]:
-        return [x for name, pool in self.pools.items() for x in (name, pool.slots)]
+        """This beat's pools, each at the most slots it knows any beat declared: declared
+        again after the pools hash was lost, the slots past a shrunk pool that this beat has
+        read stay known (a run on one of them would otherwise be judged lost, and its lane
+        sent again beside it)."""
+        counts = {name: pool.slots for name, pool in self.pools.items()}
+        for name, count in (self.declared_ever or {}).items():
+            if name != DEFAULT_POOL:
+                counts[name] = max(counts.get(name, 0), count)
+        return [x for name, count in sorted(counts.items()) for x in (name, count)]
 
     def _learn(self, flat: Sequence[object]) -> None:
         """Take the pools hash (HGETALL's flat reply): the slots past this beat's

@@ -424,4 +424,59 @@ def test_a_lost_pools_hash_is_declared_again_and_another_beats_slots_are_read(
     assert client.hgetall(keys.pools) == {"gpu": "4"}
     client.hset(keys.pools, "gpu", "garbage")
     assert slots.read()["gpu"][:2] == [None, None]
-    assert client.hget(keys.pools, "gpu") == "2", "garbage replaced by the declaration"
+    # Garbage is replaced by the most slots this beat knew (slot 3 was read: a run may
+    # hold it), not by its own declaration alone.
+    assert client.hget(keys.pools, "gpu") == "4", "garbage replaced by what beat knew"
+
+
+# -- the pools hash lost while a run holds a slot past a shrunk pool --------------------------
+
+
+def test_a_run_past_a_shrunk_pool_stays_known_when_the_pools_hash_is_deleted(
+        key_prefix: str, gpu_queue: redis.Redis, redis_client: redis.Redis) -> None:
+    """Beat read slot 2 of gpu (3 slots before the deploy, 2 now); then ``<prefix>:pools`` is
+    deleted. Beat declared its own 2 slots again and forgot slot 2: the live run there was
+    recorded lost and its lane sent again beside it - two runs of one heavy lane at once."""
+    keys = Keys(key_prefix)
+    declared_before(redis_client, keys, "gpu=3")
+    for lane in ("t.gpu-0", "t.gpu-1"):
+        ran_recently(redis_client, keys, lane)
+    running(redis_client, keys, "t.gpu-2", "alive-2", last_run_at=time.time() - 600)
+    hold(redis_client, keys, "gpu", 2, "t.gpu-2", "alive-2")
+    sched = FairScheduler(app=beat_app(key_prefix, gpu_lanes(3), "gpu=2"))
+    sched.tick()
+    redis_client.delete(keys.pools)
+    redis_client.sadd(keys.changed, "t.gpu-2")  # a lane to look at: the tick reads the slots
+    sched.tick()
+    sched.tick()
+    sched.close()
+    lost = [e for e in journal(redis_client, keys) if e.get("ev") == "lost"]
+    again = [m["task"] for m in queued(gpu_queue, "gpu")]
+    record = json.loads(redis_client.hget(keys.lanes, "t.gpu-2|run"))
+    assert (lost, again, record.get("running_task_id")) == ([], [], "alive-2"), (
+        lost, again, record)
+    assert redis_client.hget(keys.pools, "gpu") == "3"
+
+
+def test_a_slot_holders_renewal_puts_its_slot_back_in_a_lost_pools_hash(
+        key_prefix: str, gpu_queue: redis.Redis, redis_client: redis.Redis) -> None:
+    """The pools hash went (Redis lost its state, or it was deleted) while t.gpu-2 runs on
+    slot 2 of a pool shrunk to 2; a new beat starts. The holder's renewal (every third of a
+    TTL, and inside the quarantine after a loss) records its slot again, so the new beat reads
+    slot 2 and neither records the run lost nor sends its lane again."""
+    keys = Keys(key_prefix)
+    declared_before(redis_client, keys, "gpu=3")
+    for lane in ("t.gpu-0", "t.gpu-1"):
+        ran_recently(redis_client, keys, lane)
+    running(redis_client, keys, "t.gpu-2", "alive-2", last_run_at=time.time() - 600)
+    slot2 = hold(redis_client, keys, "gpu", 2, "t.gpu-2", "alive-2")
+    redis_client.delete(keys.pools)
+    assert slot2.renew("tok-gpu-2", 30.0, time.time(), 3600.0).ok
+    assert redis_client.hget(keys.pools, "gpu") == "3"
+    sched = FairScheduler(app=beat_app(key_prefix, gpu_lanes(3), "gpu=2"))
+    sched.tick()
+    sched.tick()
+    sched.close()
+    lost = [e for e in journal(redis_client, keys) if e.get("ev") == "lost"]
+    again = [m["task"] for m in queued(gpu_queue, "gpu")]
+    assert (lost, again) == ([], []), (lost, again)

@@ -17,6 +17,19 @@
 -- Returns {1, '', pressure} renewed, {1, 'reasserted', pressure}, or {0, reason} with reason
 -- lost | max-hold; pressure is the 'current' field, or nil when there is none (or the key is
 -- not a hash: garbage there must never cost the holder its lease).
+-- KEYS[5] the pools hash, ARGV[8] the slot's pool ('' for the heavy lease), ARGV[9] its
+-- index + 1: a renewing slot holder records that its pool has at least that many slots
+-- (pools_declare.lua's rule, never lowered), so a slot past a shrunk pool stays known to beat
+-- after the hash was lost with Redis's state or deleted. A hash beat cannot read (the wrong
+-- type) is left alone: garbage there must never cost the holder its lease.
+local function record_slot()
+  if ARGV[8] == nil or ARGV[8] == '' then return end
+  local ok, current = pcall(redis.call, 'HGET', KEYS[5], ARGV[8])
+  if not ok then return end
+  if (tonumber(current or '0') or 0) < tonumber(ARGV[9]) then
+    redis.pcall('HSET', KEYS[5], ARGV[8], ARGV[9])
+  end
+end
 local function pressure()
   if redis.call('TYPE', KEYS[3]).ok ~= 'hash' then return false end
   return redis.call('HGET', KEYS[3], 'current')
@@ -32,6 +45,7 @@ if not current then
   if counter > fence then return {0, 'lost'} end
   redis.call('SET', KEYS[1], ARGV[5], 'PX', ARGV[2])
   if counter < fence then redis.call('SET', KEYS[2], ARGV[6]) end
+  record_slot()
   return {1, 'reasserted', pressure()}
 end
 local ok, rec = pcall(cjson.decode, current)
@@ -43,10 +57,12 @@ if ok and type(rec) == 'table' and rec.token ~= ARGV[1] and ARGV[5] ~= ''
   redis.call('SET', KEYS[1], ARGV[5], 'PX', ARGV[2])
   local counter = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
   if counter < tonumber(ARGV[6]) then redis.call('SET', KEYS[2], ARGV[6]) end
+  record_slot()
   return {1, 'reasserted', pressure()}
 end
 if not ok or type(rec) ~= 'table' or rec.token ~= ARGV[1] then return {0, 'lost'} end
 local since = tonumber(rec.started_at or rec.granted_at)
 if tonumber(ARGV[3]) - since >= tonumber(ARGV[4]) then return {0, 'max-hold'} end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
+record_slot()
 return {1, '', pressure()}
