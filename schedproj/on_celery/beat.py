@@ -138,6 +138,8 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
     #: When this beat last rebuilt the derived keys (due index, changed set), or began a
     #: reconcile cycle of the due index.
     _reconciled_at: float = 0.0
+    #: When this beat last took the lock (its record's ``since``, kept when published again).
+    _active_since: float = 0.0
     #: The reconcile cycle under way (None: none; the next begins ``derived_reconcile_s``
     #: after the last began).
     _cycle: ReconcileCycle | None = None
@@ -660,6 +662,7 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
             self._cycle = e.rt.store.reconcile_cycle()
             # The entries' derived keys on the same period (their pass goes a page a tick).
             e.entries.reconcile()
+            self._announce_again()
         if not e.rt.store.reconcile_slice(self.token, e.lanes.lanes.names, self._cycle,
                                           s.reconcile_slice):
             raise BeatLockLost("the beat lock was lost during the reconcile")
@@ -697,8 +700,27 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         self.rt.store.wait_for_wake(interval)
         return 0.0
 
+    def _announce_again(self) -> None:
+        """Publish the lane registry and the active beat's record again if either is gone
+        (deleted by hand; written only on taking the lock): without the registry status and
+        the watchdog know no lanes, so the posture reads unknown, an alarm firing is cleared
+        and no stall can fire one, while beat dispatches on; without the record status names
+        no active beat. Checked once a reconcile cycle, with the time this beat took over."""
+        rt = self.rt
+        pipe = rt.store.client.pipeline(transaction=False)
+        pipe.exists(rt.keys.published_lanes)
+        pipe.exists(rt.keys.beat_info)
+        gone = [key for key, there in zip((rt.keys.published_lanes, rt.keys.beat_info),
+                                          pipe.execute(), strict=True) if not there]
+        if gone:
+            logger.warning("beat %s: %s gone (deleted?): published again, so status and the "
+                           "watchdog see the lanes and the active beat", self.token[:8],
+                           " and ".join(gone))
+            self._announce(self._active_since)
+
     def _announce(self, now: float) -> None:
         """Say who the active beat is and which lanes it schedules, for `schedproj status`."""
+        self._active_since = now
         rt = self.rt
         pipe = rt.store.client.pipeline(transaction=False)
         pipe.delete(rt.keys.beat_info)

@@ -343,7 +343,10 @@ def read_registry(raw: str | None, keys: Keys,
     whose spec holds a value no tool can use (a cadence of 0 or 1e400) is reported and left
     out."""
     if raw is None:
-        problems.append("no lane registry in Redis yet: no beat has run with this prefix")
+        problems.append(f"no lane registry in Redis ({keys.published_lanes!r}): no beat has "
+                        "run with this prefix, or the key was deleted (the active beat "
+                        "publishes it again within SCHEDPROJ_DERIVED_RECONCILE_S; restarting "
+                        "beat publishes it at once)")
         return (), {}
     try:
         specs, registry = specs_from_registry(raw, keys.published_lanes)
