@@ -229,3 +229,19 @@ def test_an_unknown_pool_or_a_slot_out_of_range_names_the_declared_pools_and_the
     assert "pool gpu has 2 slots (0 to 1)" in out.output and "Fix: --slot 0 to 1" in out.output
     out = clear_lease(monkeypatch, env, FakeControl({}), "--slot", "1")
     assert out.exit_code != 0 and "pool heavy has 1 slot (0 to 0)" in out.output
+
+
+@pytest.mark.parametrize(("pool", "slot"), [("gpu", "2"), ("tpu", "0")])
+def test_a_held_slot_past_a_shrunk_or_removed_pool_can_be_cleared(
+        monkeypatch: pytest.MonkeyPatch, env: dict[str, str], client: redis.Redis, keys: Keys,
+        pool: str, slot: str) -> None:
+    """gpu was 3 slots (now 2), tpu was removed; a run still holds gpu slot 2 (tpu slot 0).
+    Beat still counts it, and its holder may hang: refused as out of range, it could not be
+    cleared (nor stopped, nor terminated) except by stopping its worker."""
+    declare_gpu(client, keys)
+    lease = held(client, keys.slot(pool, int(slot)))
+    out = clear_lease(monkeypatch, env, FakeControl({HOLDER_NODE: []}), "--pool", pool,
+                      "--slot", slot)
+    assert out.exit_code == 0, out.output
+    assert f"cleared slot {slot} of pool {pool} held by big" in out.output, out.output
+    assert lease.read() is None
