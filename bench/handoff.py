@@ -192,7 +192,8 @@ HANDOFF_PATH = (
     ("journal_start", "journal", "worker child", "run context made"),
     ("journaled_start", "journaled", "worker child", "journal 'start' written (one round "
                                                      "trip)"),
-    ("body_start", "body_start", "worker child", "lease renewer thread started"),
+    ("body_start", "body_start", "worker child", "lease renewer handed to a kept thread "
+                                                 "(a new thread's start before)"),
 )
 #: The stamps every version of the path passes (the others may be merged away by a change).
 REQUIRED = frozenset({"blpop_return", "publish", "brpop_read", "prerun"})

@@ -183,3 +183,86 @@ def test_the_end_does_not_wait_for_the_renewer_to_wake() -> None:
     assert lease.landed == []
     r.join(5)
     assert not r.is_alive()
+
+
+class BlockingLease(SlowLease):
+    """A lease whose renewal blocks until ``release`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__(0.0)
+        self.release = threading.Event()
+        self.threads: list[int] = []
+
+    def renew(self, *args: Any, **kwargs: Any) -> Renewal:
+        self.threads.append(threading.get_ident())
+        self.started.set()
+        self.release.wait(10)
+        return Renewal(True, "")
+
+
+def test_renewers_of_runs_at_once_each_renew_on_a_thread_of_their_own() -> None:
+    # Kept threads must never make one run's renewal wait behind another's (a pool worker
+    # runs several at once): the second renews while the first's renewal is blocked.
+    first, second = BlockingLease(), BlockingLease()
+    a, b = renewer(first, ttl_s=0.03), renewer(second, ttl_s=0.03)  # type: ignore[arg-type]
+    a.start()
+    assert first.started.wait(5)
+    b.start()
+    try:
+        assert second.started.wait(5), "the second renewer waited behind the first"
+        assert first.threads[0] != second.threads[0]
+    finally:
+        for lease, r in ((first, a), (second, b)):
+            lease.release.set()
+            r.finish(5.0)
+            r.join(5)
+    assert not a.is_alive() and not b.is_alive()
+
+
+def test_the_next_renewer_runs_on_the_kept_thread_at_once() -> None:
+    # A new thread's start waits for the OS to schedule it (about 1 ms on the hand-off's
+    # path); the renewer of the next run is handed the thread the last one ended on.
+    first, second = BlockingLease(), BlockingLease()
+    first.release.set()
+    second.release.set()
+    a = renewer(first, ttl_s=0.03)  # type: ignore[arg-type]
+    a.start()
+    assert first.started.wait(5)
+    a.finish(5.0)
+    a.join(5)
+    assert not a.is_alive()
+    b = renewer(second, ttl_s=0.03)  # type: ignore[arg-type]
+    b.start()
+    try:
+        assert second.started.wait(5)
+        assert second.threads[0] == first.threads[0], "a new thread for each run"
+    finally:
+        b.finish(5.0)
+    with pytest.raises(RuntimeError):
+        b.start()
+
+
+def test_a_forked_child_renews_on_threads_of_its_own() -> None:
+    # Prefork's pool children are forked: the kept threads of the parent do not exist in
+    # the child, so a renewer there must not be handed one (it would never renew).
+    import os
+
+    kept = SlowLease(0.0)
+    a = renewer(kept, ttl_s=0.03)
+    a.start()
+    assert kept.started.wait(5)
+    a.finish(5.0)
+    a.join(5)  # the parent now keeps an idle thread
+    pid = os.fork()
+    if pid == 0:  # the child: exits 0 only if its renewer renewed
+        code = 1
+        try:
+            lease = SlowLease(0.0)
+            r = renewer(lease, ttl_s=0.03)
+            r.start()
+            code = 0 if lease.started.wait(5) else 1
+            r.finish(5.0)
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the forked child's renewer never renewed"
