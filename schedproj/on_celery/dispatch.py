@@ -35,7 +35,13 @@ from schedproj.core.pools import DEFAULT_POOL, Grant
 from schedproj.core.pressure import Pressure, changed, measure, outranks
 from schedproj.core.pressure import encode as encode_pressure
 from schedproj.core.records import LaneState, LeaseView
-from schedproj.on_celery.messages import LEASE_KWARG, heavy_kwargs, light_kwargs, slots_of
+from schedproj.on_celery.messages import (
+    LEASE_KWARG,
+    heavy_kwargs,
+    light_kwargs,
+    shown_kwargs,
+    slots_of,
+)
 from schedproj.on_celery.runtime import Runtime
 from schedproj.on_celery.tick_lanes import TickLanes
 from schedproj.store.lane_store import Snapshot
@@ -426,7 +432,8 @@ class Dispatcher:
             # The AMQP ``expiration`` (relative; RabbitMQ enforces it on its own clock) still
             # drops a message nobody consumed before its deadline.
             options={"queue": queue_for(spec.kind, spec.pool), "task_id": send.task_id,
-                     "expiration": max(0.0, send.deadline - time.time())},
+                     "expiration": max(0.0, send.deadline - time.time()),
+                     "kwargsrepr": shown_kwargs(kwargs)},
         )
         self.apply_entry(entry)
         if entry.send_error is None:

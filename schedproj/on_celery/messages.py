@@ -41,6 +41,22 @@ def heavy_kwargs(token: str, fence: int, beat_fence: int, *, pool: str | None = 
     return {LEASE_KWARG: grant}
 
 
+#: What a lease grant's token is shown as wherever the message is shown.
+HIDDEN_TOKEN = "<hidden>"
+
+
+def shown_kwargs(kwargs: dict[str, Any]) -> str:
+    """``kwargs`` as the message's ``kwargsrepr`` shows them (Flower, the task-sent and
+    received events, the worker's "Received task" log line): a lease grant's token hidden,
+    since whoever holds it can act as the run's holder (renew, release, finish), and those
+    views reach people and places that have no business with the lease. Also spares beat
+    Celery's ``saferepr`` of the grant (about 50 µs on the hand-off's path)."""
+    grant = kwargs.get(LEASE_KWARG)
+    if not isinstance(grant, dict) or "token" not in grant:
+        return repr(kwargs)
+    return repr({**kwargs, LEASE_KWARG: {**grant, "token": HIDDEN_TOKEN}})
+
+
 def light_kwargs(beat_fence: int) -> dict[str, Any]:
     return {DISPATCH_KWARG: {"beat_fence": beat_fence}}
 
@@ -79,5 +95,5 @@ def slots_of(grant: dict[str, Any]) -> tuple[str | None, tuple[int, ...]]:
     return pool, tuple(slots)
 
 
-__all__ = ["DISPATCH_KWARG", "LEASE_KWARG", "Dispatch", "heavy_kwargs", "light_kwargs",
-           "pop_dispatch", "slots_of"]
+__all__ = ["DISPATCH_KWARG", "HIDDEN_TOKEN", "LEASE_KWARG", "Dispatch", "heavy_kwargs",
+           "light_kwargs", "pop_dispatch", "shown_kwargs", "slots_of"]

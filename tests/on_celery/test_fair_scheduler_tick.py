@@ -6,6 +6,7 @@ from the ``heavy`` and ``light`` lists instead of running workers.
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 import time
@@ -329,3 +330,22 @@ def test_a_tick_runs_without_the_cyclic_collector_and_gives_it_back(
         sched.tick()
     assert gc.isenabled(), "a failing tick left the cyclic collector off"
     sched.close()
+
+
+def test_a_heavy_message_shows_its_grant_without_the_lease_token(
+        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis) -> None:
+    """Flower, the task events and the worker's log show a message's ``kwargsrepr``: the
+    grant's fences are there, its token (which acts as the run's holder) is not; the message's
+    own kwargs still carry it for the worker."""
+    sched = FairScheduler(app=build(key_prefix, three_lanes))
+    sched.tick()
+    token = json.loads(redis_client.get(Keys(key_prefix).lease))["token"]
+    by_queue = {q: [json.loads(m) for m in broker.lrange(q, 0, -1)] for q in ("heavy", "light")}
+    (heavy,), (light,) = by_queue["heavy"], by_queue["light"]
+    _, kwargs, _ = json.loads(base64.b64decode(heavy["body"]))
+    assert kwargs["schedproj_lease"]["token"] == token
+    shown = heavy["headers"]["kwargsrepr"]
+    assert token not in shown and "'token': '<hidden>'" in shown
+    assert f"'fence': {kwargs['schedproj_lease']['fence']}" in shown
+    _, light_kw, _ = json.loads(base64.b64decode(light["body"]))
+    assert light["headers"]["kwargsrepr"] == repr(light_kw)
