@@ -263,6 +263,9 @@ class LaneStore:
         self._epoch_id = ""
         #: A wait was woken: the next tick's read empties the wake list first (same round trip).
         self._wake_pending = False
+        #: The last idle read (``lua/tick.lua``: the lock renewed, no loss, no lane read): its
+        #: digest and what it parsed to, for a read whose reply says it is the same.
+        self._idle: tuple[str, Snapshot] | None = None
 
     def _pipelined(self, script: Any, keys: Sequence[str], args: Sequence[Any], *,
                    before: Sequence[tuple[Any, ...]] = (),
@@ -376,11 +379,15 @@ class LaneStore:
                 *also_get]
         args = [beat_token, int(lock_ttl_s * 1000), int(quarantine_s * 1000), uuid.uuid4().hex,
                 EPOCH_VERSION, "-inf" if cursor is None else repr(cursor), repr(now),
-                STAMP_MEMBER, self.read_page, holder_seen_ms, *always]
+                STAMP_MEMBER, self.read_page, holder_seen_ms,
+                self._idle[0] if self._idle is not None and records else "", *always]
         # One script call: tick.lua renews the lock, checks the epoch, reads, and reads the
         # keys asked for after its read (redis-py's Script loads it on a NoScriptError and
         # retries).
         reply, watched = self._tick_call(keys, args, watch)
+        if isinstance(reply, int):
+            return self._idle_again(reply, watched)
+        self._idle = None
         lock_reply, epoch_reply, read = reply[:3]
         got: list[Any] = [reply[3]] if also_get and len(reply) > 3 else []
         epoch = self._epoch_status(epoch_reply)
@@ -407,10 +414,26 @@ class LaneStore:
             return unparsed(lock, epoch, read, watched)
         snap = self._parse_tick(lock, epoch, read,
                                 dict(zip(also_get, got[0], strict=True)) if got else {}, always)
+        if len(reply) > 4 and reply[4]:  # an idle read: the next may say "the same"
+            self._idle = (str(reply[4]), snap)
         return replace(snap, holds_moved=moved, watched=watched) if moved or watch else snap
 
+    def _idle_again(self, server_now_ms: int, watched: dict[str, str | None]) -> Snapshot:
+        """The read ``lua/tick.lua`` found the same as the last idle read this store parsed
+        (its digest): that read's snapshot, at the server time of this one. On an idle tick
+        parsing the full reply again was most of the client's part of the tick. (A snapshot's
+        mappings are read-only to every reader: this one is handed out again.)"""
+        assert self._idle is not None, "tick.lua answered an idle digest never sent"
+        snap = self._idle[1]
+        self.read_pages = (0,)
+        epoch = snap.epoch
+        snap = replace(snap, epoch=EpochStatus(
+            id=epoch.id, server_now_ms=server_now_ms,
+            quarantine_until_ms=epoch.quarantine_until_ms, known_id=self._epoch_id))
+        return replace(snap, watched=watched) if watched else snap
+
     def _tick_call(self, keys: Sequence[str], args: Sequence[Any], watch: Sequence[str],
-                   ) -> tuple[list[Any], dict[str, str | None]]:
+                   ) -> tuple[list[Any] | int, dict[str, str | None]]:
         """``tick.lua``'s reply and ``watch``'s values read just before it, in one round
         trip (the script alone when there is nothing before it: no pipeline to pack and
         parse). After a wake, the wake list is emptied in the same round trip, before the

@@ -13,9 +13,11 @@
 -- ARGV[5] epoch record version, ARGV[6] cursor, ARGV[7] now, ARGV[8] stamp member,
 -- ARGV[9] page, ARGV[10] the server time (ms) this beat last saw another beat hold the lock,
 -- while that was less than a lock TTL ago by its own clock ('0': not lately),
--- ARGV[11...] lanes read every tick
+-- ARGV[11] the digest of the idle reply the caller holds ('': none), ARGV[12...] lanes read
+-- every tick
 -- Returns {beat_lock's reply, epoch's reply, tick_read's reply, KEYS[13...]'s values (MGET;
--- only when the read was made)}; a lock reply event
+-- only when the read was made), the reply's digest ('' unless idle)}, or the server time (ms)
+-- alone when the reply is idle and its digest is ARGV[11] (below); a lock reply event
 -- 'bad-fence' when the beat fence is unusable, {0, '', 'deferred-after-loss'} when this beat
 -- leaves a vacant lock to the beat it saw holding it (below).
 local function beat_lock(KEYS, ARGV)
@@ -89,11 +91,34 @@ if not epoch_reply then
   if not epoch_reply then return BAD_FENCE end
 end
 local read_args = {ARGV[1], ARGV[6], ARGV[7], ARGV[8], ARGV[9]}
-for i = 11, #ARGV do read_args[#read_args + 1] = ARGV[i] end
+for i = 12, #ARGV do read_args[#read_args + 1] = ARGV[i] end
 local read = tick_read({KEYS[1], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9],
                         KEYS[10], KEYS[11], KEYS[12]}, read_args)
 -- The stamps in the script, not in an MGET after it: the idle tick is one command, and its
 -- client sends and parses no pipeline.
 local got = {}
 if #KEYS > 12 then got = redis.call('MGET', unpack(KEYS, 13)) end
-return {lock, epoch_reply, read, got}
+-- The idle reply: the lock renewed, no loss, no lane read, no key broken, nothing left for
+-- pages. Its digest covers every other part the caller parses (the fence, the epoch's id and
+-- quarantine, the next look, the lease, the operator sets, the stamps and their keys); when
+-- the caller holds the reply of that digest already, the server time (all that differs) is
+-- the whole reply: the client of an idle tick parses one integer instead of some 25 elements,
+-- and plans on the reply it parsed before, which this one would have repeated.
+if lock[1] ~= 1 or lock[3] ~= 'renewed' or epoch_reply[4] ~= '' or read[1] ~= 1
+    or #read[2] > 0 or #read[10] > 0 or #read[11] > 0 then
+  return {lock, epoch_reply, read, got, ''}
+end
+local parts = {}
+local function put(v)
+  if v then parts[#parts + 1] = #v .. ':' .. v else parts[#parts + 1] = '-' end
+end
+put(tostring(lock[2])); put(epoch_reply[1]); put(tostring(epoch_reply[3])); put(read[6])
+put(read[7])
+for _, set in ipairs({read[8], read[9], got}) do
+  parts[#parts + 1] = '#' .. #set
+  for i = 1, #set do put(set[i]) end
+end
+for i = 13, #KEYS do put(KEYS[i]) end  -- the stamps' keys: their values are read by name
+local digest = redis.sha1hex(table.concat(parts))
+if digest == ARGV[11] then return epoch_reply[2] end
+return {lock, epoch_reply, read, got, digest}
