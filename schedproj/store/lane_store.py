@@ -266,8 +266,10 @@ class LaneStore:
         #: The last idle read (``lua/tick.lua``: the lock renewed, no loss, no lane read): its
         #: digest and what it parsed to, for a read whose reply says it is the same.
         self._idle: tuple[str, Snapshot] | None = None
+        #: What ``tick.lua``'s keys and steady arguments were encoded for, and them encoded.
+        self._tick_encoded: tuple[tuple[Any, ...], list[bytes], list[bytes]] | None = None
 
-    def _pipelined(self, script: Any, keys: Sequence[str], args: Sequence[Any], *,
+    def _pipelined(self, script: Any, keys: Sequence[str | bytes], args: Sequence[Any], *,
                    before: Sequence[tuple[Any, ...]] = (),
                    after: Sequence[tuple[Any, ...]] = (),
                    client: redis.Redis | None = None) -> list[Any]:
@@ -374,13 +376,12 @@ class LaneStore:
         ``records`` False: only the lock, the epoch and the broken keys are parsed (for a beat
         new to the lock, which reads every lane afresh next: :func:`unparsed`)."""
         k = self.keys
-        keys = [k.beat_lock, k.beat_fence, k.epoch, k.due, k.changed, k.lanes, k.lease,
-                k.paused, k.run_now, k.due_stamp, k.changed_stamp, k.changed_reading,
-                *also_get]
-        args = [beat_token, int(lock_ttl_s * 1000), int(quarantine_s * 1000), uuid.uuid4().hex,
-                EPOCH_VERSION, "-inf" if cursor is None else repr(cursor), repr(now),
-                STAMP_MEMBER, self.read_page, holder_seen_ms,
-                self._idle[0] if self._idle is not None and records else "", *always]
+        keys, (token, ttl_ms, quarantine_ms, version, stamp, page) = self._tick_constants(
+            beat_token, lock_ttl_s, quarantine_s, tuple(also_get))
+        args = [token, ttl_ms, quarantine_ms, uuid.uuid4().hex, version,
+                "-inf" if cursor is None else repr(cursor), repr(now), stamp, page,
+                holder_seen_ms, self._idle[0] if self._idle is not None and records else "",
+                *always]
         # One script call: tick.lua renews the lock, checks the epoch, reads, and reads the
         # keys asked for after its read (redis-py's Script loads it on a NoScriptError and
         # retries).
@@ -432,7 +433,25 @@ class LaneStore:
             quarantine_until_ms=epoch.quarantine_until_ms, known_id=self._epoch_id))
         return replace(snap, watched=watched) if watched else snap
 
-    def _tick_call(self, keys: Sequence[str], args: Sequence[Any], watch: Sequence[str],
+    def _tick_constants(self, beat_token: str, lock_ttl_s: float, quarantine_s: float,
+                        also_get: tuple[str, ...]) -> tuple[list[bytes], list[bytes]]:
+        """``lua/tick.lua``'s keys and the arguments that stay the same from tick to tick,
+        encoded once for as long as they do: redis-py encodes each str argument of every
+        call, and the idle tick's 27 arguments cost the client more to pack than its short
+        reply costs to parse."""
+        asked = (beat_token, lock_ttl_s, quarantine_s, also_get, self.read_page)
+        if self._tick_encoded is None or self._tick_encoded[0] != asked:
+            k = self.keys
+            keys = [k.beat_lock, k.beat_fence, k.epoch, k.due, k.changed, k.lanes, k.lease,
+                    k.paused, k.run_now, k.due_stamp, k.changed_stamp, k.changed_reading,
+                    *also_get]
+            args = [beat_token, int(lock_ttl_s * 1000), int(quarantine_s * 1000),
+                    EPOCH_VERSION, STAMP_MEMBER, self.read_page]
+            self._tick_encoded = (asked, [key.encode() for key in keys],
+                                  [str(arg).encode() for arg in args])
+        return self._tick_encoded[1], self._tick_encoded[2]
+
+    def _tick_call(self, keys: Sequence[str | bytes], args: Sequence[Any], watch: Sequence[str],
                    ) -> tuple[list[Any] | int, dict[str, str | None]]:
         """``tick.lua``'s reply and ``watch``'s values read just before it, in one round
         trip (the script alone when there is nothing before it: no pipeline to pack and
