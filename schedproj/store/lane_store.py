@@ -141,6 +141,13 @@ class Snapshot:
     watched: Mapping[str, str | None] = field(default_factory=dict)
 
 
+def lock_status(reply: list[Any]) -> LockStatus:
+    """``lua/beat_lock.lua``'s reply: {1, fence, event} held, or {0, holder, event}."""
+    ok, value, event = reply
+    return (LockStatus(held=True, fence=int(value), event=str(event)) if int(ok) == 1
+            else LockStatus(held=False, holder=str(value), event=str(event)))
+
+
 def lost_mid_read(lock: LockStatus, read: list[Any]) -> LockStatus:
     """The lock as a read that did not complete leaves it (``read``: ``{0}``, or a page's
     ``{0, holder}``). A lock gone by a later page with no holder vanished (Redis lost its
@@ -322,9 +329,7 @@ class LaneStore:
             replies = self._snapshot_pipeline(beat_token, lock_ttl_s, quarantine_s)
         lock_reply, epoch_reply, raw_states, raw_lease, paused, forced = replies
         epoch = self._epoch_status(epoch_reply)
-        ok, value, event = lock_reply
-        lock = (LockStatus(held=True, fence=int(value), event=str(event)) if int(ok) == 1
-                else LockStatus(held=False, holder=str(value), event=str(event)))
+        lock = lock_status(lock_reply)
         states, errors = parse_states(raw_states, self.keys.lanes, self._decoded)
         try:
             lease = parse_lease(raw_lease, self.keys.lease)
@@ -370,54 +375,60 @@ class LaneStore:
 
         ``also_get``: string keys (the due checks' stamps) read by the script, after its read
         (``Snapshot.got``; an MGET after the script was a pipeline for the client to pack and
-        parse on every idle tick); with a read by pages, read again once the last
-        page is in, so they are never older than any record read. Keys under this store's
-        prefix: on a cluster, in the script's hash slot.
-        ``records`` False: only the lock, the epoch and the broken keys are parsed (for a beat
-        new to the lock, which reads every lane afresh next: :func:`unparsed`)."""
+        parse on every idle tick); with a read by pages, read again once the last page is in,
+        so never older than any record read. Keys under this store's prefix: on a cluster, in
+        the script's hash slot. ``records`` False: only the lock, the epoch and the broken
+        keys are parsed (a beat new to the lock reads every lane afresh next: :func:`unparsed`).
+        """
         k = self.keys
         keys, (token, ttl_ms, quarantine_ms, version, stamp, page) = self._tick_constants(
             beat_token, lock_ttl_s, quarantine_s, tuple(also_get))
-        args = [token, ttl_ms, quarantine_ms, uuid.uuid4().hex, version,
-                "-inf" if cursor is None else repr(cursor), repr(now), stamp, page,
-                holder_seen_ms, self._idle[0] if self._idle is not None and records else "",
-                *always]
         # One script call: tick.lua renews the lock, checks the epoch, reads, and reads the
         # keys asked for after its read (redis-py's Script loads it on a NoScriptError and
-        # retries).
-        reply, watched = self._tick_call(keys, args, watch)
+        # retries). A beat new to the lock (not ``records``) never gets the idle reply.
+        reply, watched = self._tick_call(keys, [
+            token, ttl_ms, quarantine_ms, uuid.uuid4().hex, version,
+            "-inf" if cursor is None else repr(cursor), repr(now), stamp, page, holder_seen_ms,
+            self._idle[0] if self._idle is not None and records else "", *always], watch)
         if isinstance(reply, int):
             return self._idle_again(reply, watched)
         self._idle = None
         lock_reply, epoch_reply, read = reply[:3]
         got: list[Any] = [reply[3]] if also_get and len(reply) > 3 else []
         epoch = self._epoch_status(epoch_reply)
-        ok, value, event = lock_reply
-        lock = (LockStatus(held=True, fence=int(value), event=str(event)) if int(ok) == 1
-                else LockStatus(held=False, holder=str(value), event=str(event)))
-        if str(event) == "bad-fence":
+        lock = lock_status(lock_reply)
+        if lock.event == "bad-fence":
             return Snapshot(lock=lock, states={}, lease=None, epoch=epoch,
                             broken={k.beat_fence: "not-an-integer"})
-        moved = False
-        if int(read[0]) == 1:
-            self.read_pages = (len(read[1]),)
-            if read[10]:
-                first_lease = read[6] or None  # the first call reads the lease too
-                read = self._read_pages(beat_token, lock_ttl_s, now, read)
-                moved = int(read[0]) == 1 and holders_moved({k.lease: first_lease},
-                                                            {k.lease: read[6] or None})
-                if also_get and int(read[0]) == 1:
-                    # After the last page: the first call's values are older than the pages.
-                    got = [self.client.mget(also_get)]
+        read, moved, got = self._read_on(beat_token, lock_ttl_s, now, read, also_get, got)
         if int(read[0]) != 1:
             return Snapshot(lock=lost_mid_read(lock, read), states={}, lease=None, epoch=epoch)
         if not records:
             return unparsed(lock, epoch, read, watched)
         snap = self._parse_tick(lock, epoch, read,
                                 dict(zip(also_get, got[0], strict=True)) if got else {}, always)
-        if len(reply) > 4 and reply[4]:  # an idle read: the next may say "the same"
-            self._idle = (str(reply[4]), snap)
+        if len(reply) > 4 and reply[4]:
+            self._idle = (str(reply[4]), snap)  # an idle read: the next may say "the same"
         return replace(snap, holds_moved=moved, watched=watched) if moved or watch else snap
+
+    def _read_on(self, beat_token: str, lock_ttl_s: float, now: float, read: list[Any],
+                 also_get: Sequence[str], got: list[Any]) -> tuple[list[Any], bool, list[Any]]:
+        """The tick's read (``read``: the first call's) once complete: read on by pages when
+        it said there is more (:meth:`_read_pages`), with whether the lease changed hands in
+        between and ``also_get``'s values read again after the last page."""
+        moved = False
+        if int(read[0]) == 1:
+            self.read_pages = (len(read[1]),)
+            if read[10]:
+                first_lease = read[6] or None  # the first call reads the lease too
+                read = self._read_pages(beat_token, lock_ttl_s, now, read)
+                lease_key = self.keys.lease
+                moved = int(read[0]) == 1 and holders_moved({lease_key: first_lease},
+                                                            {lease_key: read[6] or None})
+                if also_get and int(read[0]) == 1:
+                    # After the last page: the first call's values are older than the pages.
+                    got = [self.client.mget(also_get)]
+        return read, moved, got
 
     def _idle_again(self, server_now_ms: int, watched: dict[str, str | None]) -> Snapshot:
         """The read ``lua/tick.lua`` found the same as the last idle read this store parsed
