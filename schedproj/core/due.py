@@ -80,10 +80,22 @@ def retry_at(spec: LaneSpec, state: LaneState, now: float) -> float:
 def calendar_last_run(spec: LaneSpec, state: LaneState, now: float) -> float | None:
     """A calendar lane's last run as its rules count it: :func:`effective_last_run` (a skewed
     clock bounded by the nominal period), with a never-run family member's add time as a run
-    then (it waits for its first fire time after it was added)."""
+    then (it waits for its first fire time after it was added).
+
+    A run counts from when beat dispatched it, if that was before it ended: a fire time that
+    passed while the run was queued or executing was not served by it. Counted from its end,
+    a run sent before 09:00 (``schedproj run`` a minute early, a lane late for 08:00 behind the
+    lease) that ended after 09:00 swallowed the 09:00 fire time: not run, not counted missed,
+    no alarm. The dispatch is beat's own clock, the one fire times are judged on, so a worker
+    whose clock is behind never makes a lane run twice for one fire time. A dispatch after
+    the run's end (a message refused as stale, which ended nothing) leaves the end."""
     if state.run.last_run_at is None:
         return state.run.since
-    return effective_last_run(state, spec.cadence_s, now)
+    last = effective_last_run(state, spec.cadence_s, now)
+    dispatched = state.sched.last_dispatch_at
+    if last is not None and dispatched is not None and dispatched < last:
+        return dispatched
+    return last
 
 
 def calendar_due_at_for(spec: LaneSpec, state: LaneState, now: float) -> float:

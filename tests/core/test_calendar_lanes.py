@@ -377,3 +377,17 @@ def test_after_a_state_loss_a_calendar_lane_not_due_runs_at_its_next_fire_not_ag
     kept = RunRecord(last_run_at=FIRE - DAY)
     assert rebuilt(kept, lane="backup", cadence_s=spec.cadence_s, lost_at=lost_at,
                    calendar=spec.calendar) is kept
+
+
+def test_a_fire_time_passed_while_a_run_was_under_way_is_not_swallowed() -> None:
+    """Daily at 02:30 Berlin. A run sent two minutes before it (``schedproj run``, or a lane
+    late behind the lease) ended three seconds after it. Counted from its end, that run served
+    02:30: the lane waited a day, with nothing missed nor alarmed. It is due for 02:30 now;
+    a run sent at 02:30 (its worker's clock a second behind beat's) is not due again."""
+    spec = lanes(b=BACKUP)["b"]
+    early = LaneState(run=RunRecord(last_run_at=FIRE + 3, runs=1),
+                      sched=SchedRecord(last_dispatch_at=FIRE - 120))
+    assert due_at(spec, early, FIRE + 10) == FIRE
+    on_time = LaneState(run=RunRecord(last_run_at=FIRE + 2, runs=1),
+                        sched=SchedRecord(last_dispatch_at=FIRE + 0.01))
+    assert due_at(spec, on_time, FIRE + 10) == FIRE + DAY
