@@ -173,7 +173,8 @@ HANDOFF_PATH = (
     ("granted", "granted", "beat", "the heavy lease granted (one Lua call)"),
     ("recorded", "recorded", "beat", "the dispatch recorded with the due index (one Lua "
                                      "call; with the grant since issue 23: 3)"),
-    ("send_entry", "send_entry", "beat", "deferral logs, counters, the LaneEntry"),
+    ("send_entry", "send_entry", "beat", "the LaneEntry (the deferral logs after the send "
+                                         "since issue 23: 3)"),
     ("publish", "publish", "beat", "Celery's apply_entry and apply_async building the "
                                    "message (the send logged)"),
     ("brpop_read", "brpop_read", "worker main", "kombu's publish (one LPUSH: Celery sends to "
