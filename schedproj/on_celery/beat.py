@@ -48,6 +48,7 @@ from schedproj.on_celery.entries import (
 )
 from schedproj.on_celery.family_sync import FamilySync
 from schedproj.on_celery.key_health import KeyHealth, wrong_typed
+from schedproj.on_celery.lock_keeper import LockKeeper
 from schedproj.on_celery.loss_recovery import LossRecovery, say_state_loss
 from schedproj.on_celery.pool_pressure import PoolPressure
 from schedproj.on_celery.runtime import Runtime, settings_for
@@ -101,7 +102,7 @@ class BeatEngine:
             families=FamilySync(tick_lanes.synced_families,
                                 FamilyStore(rt.store.client, rt.keys,
                                             compact_records=rt.store.compact_records),
-                                reporter),
+                                reporter, earn=scheduler.keeper.earn),
             dispatcher=Dispatcher(rt, scheduler.token, memory, tick_lanes, scheduler.data,
                                   scheduler.send_entry,
                                   **scheduler.dispatch_seams(rt.settings)),
@@ -146,6 +147,8 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
     #: Made in ``setup_schedule`` (absent only on a lazy scheduler, which never ticks).
     engine: BeatEngine
     settings: Settings
+    #: Keeps the lock through a step longer than its TTL, as far as the tick earned it.
+    keeper: LockKeeper
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.token = uuid.uuid4().hex
@@ -185,6 +188,8 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         metrics.serve(rt.store.client, rt.keys, s, lanes.specs,
                       json.loads(registry_json(lanes, s))["families"])
         self.max_interval = s.beat_max_loop_interval_s
+        self.keeper = LockKeeper(lambda: rt.store.renew_held(self.token, s.beat_lock_ttl_s),
+                                 s.beat_lock_ttl_s)
         self.data = {
             spec.name: ScheduleEntry(
                 name=spec.name, task=spec.task_name, app=self.app,
@@ -232,6 +237,9 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
             return self._tick_or_standby()
 
     def _tick_or_standby(self) -> float:
+        # The read renews the lock after this; the keeper keeps it no further until the tick
+        # earned it (``_snapshot``), and nothing after the tick.
+        self.keeper.begin(time.time())
         try:
             return self._tick()
         except BeatLockVanished as exc:
@@ -254,6 +262,8 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
             self.engine.memory.wake_resting()
             self._say_refused(exc)
             return REDIS_RETRY_S
+        finally:
+            self.keeper.end()
 
     def _say_refused(self, exc: redis.ResponseError) -> None:
         """Name the key Redis's error does not: those holding the wrong type, with the fix;
@@ -519,10 +529,15 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         takes it back)."""
         ttl = self.settings.beat_lock_ttl_s
         asked = time.time()
-        if asked - renewed_at <= ttl / 3:
-            return renewed_at
-        holder = self.rt.store.renew_held(self.token, ttl)
+        # The keeper renewed it during the last step, or found it lost there.
+        holder = self.keeper.lost()
+        renewed_at = max(renewed_at, self.keeper.renewed_at())
         if holder is None:
+            if asked - renewed_at <= ttl / 3:
+                return renewed_at
+            holder = self.rt.store.renew_held(self.token, ttl)
+        if holder is None:
+            self.keeper.renewed(asked)
             return asked
         if holder:
             self.memory.reset()
@@ -562,7 +577,7 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
                                         holder_seen_ms=self._holder_seen_ms(now),
                                         also_get=e.checks.keys,
                                         watch=e.slots.lease_keys if e.slots else (),
-                                        records=records)
+                                        records=records, on_read=self.keeper.earn)
         kept = {lane: state for lane, state in resting.items()
                 if lane not in snap.states and lane not in snap.errors}
         return replace(snap, states={**kept, **snap.states}) if kept and snap.lock.held else snap

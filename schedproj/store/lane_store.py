@@ -361,7 +361,8 @@ class LaneStore:
     def tick_snapshot(self, beat_token: str, lock_ttl_s: float, quarantine_s: float, *,
                       cursor: float | None, now: float, always: Sequence[str] = (),
                       holder_seen_ms: int = 0, also_get: Sequence[str] = (),
-                      watch: Sequence[str] = (), records: bool = True) -> Snapshot:
+                      watch: Sequence[str] = (), records: bool = True,
+                      on_read: Callable[[int], None] | None = None) -> Snapshot:
         """Renew the beat lock, check the epoch and read what changed: the lanes marked
         changed since the last call and those whose next look in the due index lies in
         (``cursor``, ``now``] (every due lane when ``cursor`` is None), plus ``always``. One
@@ -379,6 +380,8 @@ class LaneStore:
         so never older than any record read. Keys under this store's prefix: on a cluster, in
         the script's hash slot. ``records`` False: only the lock, the epoch and the broken
         keys are parsed (a beat new to the lock reads every lane afresh next: :func:`unparsed`).
+        ``on_read``: called with how many lanes the read brought once it is complete, before
+        they are decoded (beat's lock keeper: decoding a million records outlasts the lock).
         """
         k = self.keys
         keys, (token, ttl_ms, quarantine_ms, version, stamp, page) = self._tick_constants(
@@ -401,6 +404,8 @@ class LaneStore:
             return Snapshot(lock=lock, states={}, lease=None, epoch=epoch,
                             broken={k.beat_fence: "not-an-integer"})
         read, moved, got = self._read_on(beat_token, lock_ttl_s, now, read, also_get, got)
+        if on_read is not None and int(read[0]) == 1:
+            on_read(len(read[1]))
         if int(read[0]) != 1:
             return Snapshot(lock=lost_mid_read(lock, read), states={}, lease=None, epoch=epoch)
         if not records:

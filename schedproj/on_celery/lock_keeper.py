@@ -1,0 +1,144 @@
+"""The beat lock kept through one long step of a tick, from a side thread, for as long as the
+tick's work warrants.
+
+Beat renews its lock between a tick's steps (``FairScheduler._keep_lock``) and at each page of
+its read; a step is never split. One step over hundreds of thousands of lanes (decoding the
+records of a million family members added at once, planning them, writing their records) runs
+longer than the lock TTL: the lock lapsed inside it, the tick's guarded writes were refused,
+and the next tick took the lock afresh and did it all again - a lone beat never finished, and
+with a standby the beats took turns. The keeper renews the lock while a tick runs, but only
+within an allowance the tick earned by the lanes it read (:data:`PER_LANE_S` each): a tick
+hung in a due-check hook or a user's ``members`` hook, having read a few lanes, keeps nothing,
+so a standby takes over a lock TTL after it as before; a tick over a million lanes keeps the
+lock for at most :data:`PER_LANE_S` x 1,000,000 = 250 s however long it hangs.
+
+The renewal is ``lua/beat_renew.lua`` (the main thread's too): a token-guarded PEXPIRE that never
+takes a vacant lock. A renewal that finds the lock gone or held by another stops the keeper;
+the main thread learns it at its next step (:meth:`LockKeeper.lost`) and stands by or takes the
+lock back as it would have found it itself. A frozen process (SIGSTOP, a long GC pause) freezes
+this thread too: the lock lapses as it always did.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import redis
+
+logger = logging.getLogger("schedproj.beat")
+
+#: The lock time a tick earns for each lane it read (seconds): about four times what a tick
+#: of a million members added at once took a lane here (67 us), so a slow or shared machine
+#: still finishes, while a hung tick lets go within this many seconds per lane read.
+PER_LANE_S = 250e-6
+
+
+class LockKeeper:
+    """Renews the beat lock from a daemon thread while a tick that earned it runs.
+
+    ``renew`` renews the lock and returns None, or who holds it ('' when no beat does). The
+    main thread calls :meth:`begin` as a tick starts, :meth:`earn` once its read told how many
+    lanes it brought, :meth:`end` when the tick ends (whatever way), and :meth:`renewed_at` /
+    :meth:`lost` at its steps."""
+
+    def __init__(self, renew: Callable[[], str | None], ttl_s: float) -> None:
+        self._renew = renew
+        self._ttl_s = ttl_s
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        #: The tick under way: when it began (None: no tick), and until when it may be kept.
+        self._began: float | None = None
+        self._until = 0.0
+        self._renewed_at = 0.0
+        self._lost: str | None = None
+        #: Not before this (a renewal failed on a Redis error).
+        self._retry_at = 0.0
+        #: Renewals made (tests and the bench read it).
+        self.renewals = 0
+
+    def begin(self, renewed_at: float) -> None:
+        """A tick begins; its read renews the lock at ``renewed_at``. Nothing is kept until the
+        tick earns it."""
+        with self._cond:
+            self._began, self._until = renewed_at, renewed_at
+            self._renewed_at, self._lost, self._retry_at = renewed_at, None, 0.0
+
+    def earn(self, lanes: int) -> None:
+        """The tick read ``lanes`` lanes: keep its lock up to :data:`PER_LANE_S` a lane after
+        it began. Starts the thread the first time (not before: a process that forks after
+        making the scheduler keeps no thread that did not survive the fork)."""
+        with self._cond:
+            if self._began is None:
+                return
+            self._until = max(self._until, self._began + PER_LANE_S * lanes)
+            if self._until - self._began <= self._ttl_s / 3:
+                return  # a renewal between the tick's steps comes sooner than this one
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="schedproj-lock-keeper",
+                                                daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def end(self) -> None:
+        """The tick ended: nothing more is renewed for it."""
+        with self._cond:
+            self._began = None
+            self._cond.notify_all()
+
+    def renewed_at(self) -> float:
+        """When the lock was last renewed in this tick (by the keeper or by :meth:`begin`'s
+        read)."""
+        with self._cond:
+            return self._renewed_at
+
+    def lost(self) -> str | None:
+        """None while the keeper kept the lock (or had no need to); else who held it when a
+        renewal failed: '' when no beat did."""
+        with self._cond:
+            return self._lost
+
+    def renewed(self, at: float) -> None:
+        """The main thread renewed the lock itself at ``at``."""
+        with self._cond:
+            self._renewed_at = max(self._renewed_at, at)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                due = self._next_renewal()
+                while due is None or due > time.time():
+                    self._cond.wait(None if due is None else due - time.time())
+                    due = self._next_renewal()
+                began = self._began
+            try:
+                holder = self._renew()
+            except redis.RedisError as exc:
+                # The main thread meets the same Redis at its next call and says so: nothing
+                # is decided here; the renewal is tried again shortly.
+                logger.debug("lock keeper: renewal failed (%s)", exc)
+                with self._cond:
+                    self._retry_at = time.time() + self._ttl_s / 10
+                continue
+            with self._cond:
+                if self._began != began:
+                    continue  # the tick ended (or another began) while renewing
+                if holder is None:
+                    self._renewed_at = time.time()
+                    self.renewals += 1
+                else:
+                    self._lost, self._began = holder, None
+
+    def _next_renewal(self) -> float | None:
+        """When the next renewal is due (a third of the TTL after the last, or shortly after a
+        failed one), or None when there is none to make: no tick, the lock lost, or past what
+        the tick earned."""
+        if self._began is None or self._lost is not None:
+            return None
+        due = max(self._renewed_at + self._ttl_s / 3, self._retry_at)
+        return due if due <= self._until else None
+
+
+__all__ = ["PER_LANE_S", "LockKeeper"]
