@@ -101,7 +101,10 @@ class Dispatcher:
             self.memory.reset()
             raise BeatLockLost("the tick outlived the beat lock before recording the dispatch")
         self.granted, self.granted_slots = None, {}
-        together = self._grant_and_record(plan, snap, slots) if not plan.pool_sends else None
+        # A plan over more lanes than a page is recorded by pages (``_write_sched``): apart.
+        together = (self._grant_and_record(plan, snap, slots)
+                    if not plan.pool_sends and len(plan.states) <= self.rt.store.read_page
+                    else None)
         if together is not None:
             grants, looks = together
         else:
@@ -150,11 +153,32 @@ class Dispatcher:
                  else snap.lease.token if snap.lease is not None else None)
         writes = self.memory.settle(looks, plan.now, token, waiting, states,
                                     holds=None if slots is None else holds_after(slots, grants))
-        if not self.rt.store.write_sched(self.token, plan.changes, writes):
+        if not self._write_sched(plan, writes):
             self._release_all(grants)
             self.memory.reset()
             raise BeatLockLost("beat lock lost before recording the dispatch")
         return looks
+
+    def _write_sched(self, plan: Plan, looks: Mapping[str, float]) -> bool:
+        """Write the plan's record changes and ``looks`` while holding the beat lock; False
+        (the rest unwritten) once it is lost. More lanes than a page (a million family members
+        added at once) go a page of lanes a call: one call of every record held Redis for
+        seconds (1.5 s at 200,000 lanes), every worker's lease renewal and run end waiting
+        behind it. The lanes the plan sends go in the last call: a tick cut off between
+        calls leaves next looks and deferrals, which the next tick works out again, but never
+        an in-flight mark for a message that was not sent."""
+        store, page, changes = self.rt.store, self.rt.store.read_page, plan.changes
+        if len(changes) + len(looks) <= page:
+            return store.write_sched(self.token, changes, looks)
+        lanes = [lane for lane in dict.fromkeys([*changes, *looks]) if lane not in plan.sends]
+        pages = [lanes[i:i + page] for i in range(0, len(lanes), page)]
+        pages.append([lane for lane in plan.sends if lane in changes or lane in looks])
+        for part in pages:
+            if not store.write_sched(
+                    self.token, {lane: changes[lane] for lane in part if lane in changes},
+                    {lane: looks[lane] for lane in part if lane in looks}):
+                return False
+        return True
 
     def _grant_and_record(self, plan: Plan, snap: Snapshot,
                           slots: Mapping[str, Sequence[LeaseView | None]] | None,

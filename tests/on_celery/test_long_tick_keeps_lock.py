@@ -26,10 +26,11 @@ from celery import Celery
 import schedproj.on_celery.beat as beat_module
 from schedproj import Lane, LaneKind, LaneTask
 from schedproj.core.families import LaneFamily, member_lane
-from schedproj.core.records import Outcome, RunRecord, encode
+from schedproj.core.records import Outcome, RunRecord, SchedRecord, decode, encode
+from schedproj.on_celery import lock_keeper
 from schedproj.on_celery.beat import FairScheduler
 from schedproj.store.families import FamilyStore
-from schedproj.store.protocol import STAMP_MEMBER, Keys, run_field
+from schedproj.store.protocol import STAMP_MEMBER, Keys, run_field, sched_field
 from tests.conftest import make_app
 from tests.on_celery.test_state_loss_mid_read import lose_everything
 
@@ -60,6 +61,21 @@ def converged(client: redis.Redis, keys: Keys, lanes: list[str]) -> bool:
             and not client.exists(keys.changed_reading))
 
 
+def add_due_members(client: redis.Redis, keys: Keys) -> tuple[list[str], list[str]]:
+    """MEMBERS members of FAMILY added at once, every one due; the last added the stalest
+    (the one the heavy lease goes to). Their keys and lane names."""
+    members = [f"m{i:06d}" for i in range(MEMBERS)]
+    lanes = [member_lane(FAMILY, m) for m in members]
+    FamilyStore(client, keys, [FAMILY]).add(FAMILY, members)
+    now = time.time()
+    client.hset(keys.lanes, mapping={
+        run_field(lane): encode(RunRecord(
+            last_run_at=now - CADENCE_S * (10.0 if i == MEMBERS - 1 else 1.5 + (i % 10) / 10),
+            last_outcome=Outcome.COMPLETED, runs=1))
+        for i, lane in enumerate(lanes)})
+    return members, lanes
+
+
 @pytest.mark.parametrize("standby", [False, True])
 def test_a_tick_longer_than_the_lock_ttl_plans_every_member_added_at_once(
         key_prefix: str, broker: redis.Redis, redis_client: redis.Redis,
@@ -84,16 +100,7 @@ def test_a_tick_longer_than_the_lock_ttl_plans_every_member_added_at_once(
         beat.tick()  # the first takes the lock, the second stands by
     active = beats[0]
     assert active.active and not any(b.active for b in beats[1:])
-    members = [f"m{i:06d}" for i in range(MEMBERS)]
-    lanes = [member_lane(FAMILY, m) for m in members]
-    FamilyStore(redis_client, keys, [FAMILY]).add(FAMILY, members)
-    now = time.time()
-    # Every member due; the last added the stalest (the one the heavy lease goes to).
-    redis_client.hset(keys.lanes, mapping={
-        run_field(lane): encode(RunRecord(
-            last_run_at=now - CADENCE_S * (10.0 if i == MEMBERS - 1 else 1.5 + (i % 10) / 10),
-            last_outcome=Outcome.COMPLETED, runs=1))
-        for i, lane in enumerate(lanes)})
+    members, lanes = add_due_members(redis_client, keys)
     monkeypatch.setattr(beat_module, "plan_tick", slow_plan)
     monkeypatch.setattr(FairScheduler, "_focus", slow_focus)
     took: list[float] = []
@@ -163,4 +170,142 @@ def test_a_state_loss_while_a_long_tick_plans_still_puts_back_what_beat_remember
     back = sched.rt.store.read_run(DREAM)
     assert back.runs == 7 and back.last_run_at == pytest.approx(ran_at), back
     assert sched.active and redis_client.get(keys.beat_lock) == sched.token
+    sched.close()
+
+
+def slowed_once(monkeypatch: pytest.MonkeyPatch, seconds: float,
+                meanwhile: Any = None) -> list[bool]:
+    """Planning's next call takes ``seconds`` more (one step of the tick), then calls
+    ``meanwhile`` (a standby's tick, while the active beat's tick is still in that step)."""
+    real_plan = beat_module.plan_tick
+    slowed: list[bool] = []
+
+    def slow_plan(*args: Any, **kwargs: Any) -> Any:
+        if not slowed:
+            slowed.append(True)
+            time.sleep(seconds)
+            if meanwhile is not None:
+                meanwhile()
+        return real_plan(*args, **kwargs)
+
+    monkeypatch.setattr(beat_module, "plan_tick", slow_plan)
+    return slowed
+
+
+@pytest.mark.parametrize("standby", [False, True])
+def test_one_step_longer_than_the_lock_ttl_keeps_the_lock_the_tick_earned(
+        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis,
+        standby: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One step of the tick - planning, here - outlasts the lock TTL (as decoding, planning or
+    recording a million members added at once does at the default 15 s). Renewals between
+    steps cannot help: the lock lapsed inside the step and the tick started over, forever.
+    The lock keeper renews it from its thread, within what the tick earned by the lanes it
+    read (scaled here: 2 ms a lane, 3,000 members: 6 s), and the standby, ticking in the
+    middle of that step, stands by."""
+    monkeypatch.setattr(lock_keeper, "PER_LANE_S", 2e-3)
+    keys = Keys(key_prefix)
+    app = make_app(key_prefix, declare, beat_max_loop_interval_s=LOCK_TTL_S / 3,
+                   beat_lock_ttl_s=LOCK_TTL_S, start_deadline_s=60.0)
+    active, other = FairScheduler(app=app), FairScheduler(app=app)
+    active.tick()
+    members, lanes = add_due_members(redis_client, keys)
+    slowed = slowed_once(monkeypatch, 2.5 * LOCK_TTL_S, other.tick if standby else None)
+    active.tick()
+    assert slowed and converged(redis_client, keys, lanes)
+    assert active.active and not other.active
+    assert active.keeper.renewals >= 3, active.keeper.renewals
+    assert redis_client.get(keys.beat_lock) == active.token
+    heavy = [json.loads(m) for m in broker.lrange("heavy", 0, -1)]
+    assert [m["headers"]["argsrepr"] for m in heavy] == [f"['{members[-1]}']"]
+    made = active.keeper.renewals
+    active.tick()  # nothing left to do: the next tick keeps nothing
+    time.sleep(LOCK_TTL_S / 2)
+    assert active.keeper.renewals == made
+    for beat in (active, other):
+        beat.close()
+
+
+def test_a_tick_hung_past_what_it_earned_lets_the_lock_go(
+        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tick that read one lane and then hangs (a step stuck for 3 TTLs: a user's hook, a
+    broker that does not answer) earned nothing to keep: the lock lapses a TTL after its last
+    renewal as it always did, a standby takes it over, and the hung tick, once back, records
+    and sends nothing (its guarded writes are refused) and stands by."""
+    keys = Keys(key_prefix)
+    app = make_app(key_prefix, declare_dream, beat_max_loop_interval_s=LOCK_TTL_S / 3,
+                   beat_lock_ttl_s=LOCK_TTL_S, start_deadline_s=60.0)
+    hung, other = FairScheduler(app=app), FairScheduler(app=app)
+    hung.tick()
+    other.tick()
+    assert hung.active and not other.active
+    hung.rt.store.touch([DREAM])  # never ran: due, the next tick plans it
+    slowed = slowed_once(monkeypatch, 3 * LOCK_TTL_S, other.tick)
+    hung.tick()
+    assert slowed and hung.keeper.renewals == 0
+    assert other.active and not hung.active
+    assert redis_client.get(keys.beat_lock) == other.token
+    # The standby, once active, sent DREAM; the hung tick sent nothing after it.
+    assert len(broker.lrange("heavy", 0, -1)) <= 1
+    for beat in (hung, other):
+        beat.close()
+
+
+def test_a_plan_over_many_lanes_is_recorded_by_pages_the_sends_last(
+        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis) -> None:
+    """Every member's record and next look in one guarded call held Redis for 1.5 s at 200,000
+    members (every worker's renewal waiting behind it); they go a page of lanes a call, and
+    the lanes sent - the heavy winner here - in the last: a tick cut off between two calls
+    leaves no in-flight mark of a message never sent."""
+    keys = Keys(key_prefix)
+    app = make_app(key_prefix, declare, start_deadline_s=60.0)
+    sched = FairScheduler(app=app)
+    sched.tick()
+    sched.rt.store.read_page = 500
+    members, lanes = add_due_members(redis_client, keys)
+    calls: list[list[str]] = []
+    real_write = sched.rt.store.write_sched
+
+    def write_sched(token: str, records: Any, looks: Any = None) -> bool:
+        calls.append(sorted({*records, *(looks or {})}))
+        return real_write(token, records, looks)
+
+    sched.rt.store.write_sched = write_sched  # type: ignore[method-assign]
+    sched.tick()
+    assert converged(redis_client, keys, lanes)
+    winner = member_lane(FAMILY, members[-1])
+    assert len(calls) >= MEMBERS // 500 and max(len(c) for c in calls) <= 500
+    assert calls[-1] == [winner], calls[-1]
+    assert sum(len(c) for c in calls) == len({lane for c in calls for lane in c})
+    sched.close()
+
+
+def test_a_lock_lost_between_pages_sends_nothing_and_marks_nothing_in_flight(
+        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis) -> None:
+    """Another beat takes the lock after the second page: the later pages are refused, the
+    heavy lease granted for the winner is given back, no message leaves, and the winner's
+    record holds no in-flight mark (it is in the last page)."""
+    keys = Keys(key_prefix)
+    app = make_app(key_prefix, declare, start_deadline_s=60.0)
+    sched = FairScheduler(app=app)
+    sched.tick()
+    sched.rt.store.read_page = 500
+    members, _ = add_due_members(redis_client, keys)
+    real_write = sched.rt.store.write_sched
+    made: list[bool] = []
+
+    def write_sched(token: str, records: Any, looks: Any = None) -> bool:
+        if len(made) == 2:
+            redis_client.set(keys.beat_lock, "another-beat", px=60_000)
+        made.append(True)
+        return real_write(token, records, looks)
+
+    sched.rt.store.write_sched = write_sched  # type: ignore[method-assign]
+    sched.tick()
+    assert len(made) == 3 and not sched.active
+    assert broker.llen("heavy") == 0
+    assert not redis_client.exists(keys.lease)
+    winner = member_lane(FAMILY, members[-1])
+    raw = redis_client.hget(keys.lanes, sched_field(winner))
+    assert raw is None or decode(SchedRecord, raw, winner).inflight_task_id is None, raw
     sched.close()
