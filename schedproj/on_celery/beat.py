@@ -522,8 +522,9 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         plans tens of thousands of lanes at once (a family's members added together, the
         derived keys rebuilt) outlasts the TTL: the lock lapsed in it, its guarded writes
         were refused, and the next tick - or a standby beat - took the lock afresh and read
-        and planned every lane again, never sure to finish. A renewal never takes a vacant
-        lock (``lua/beat_renew.lua``). Raises :class:`BeatLockLost` when another beat holds
+        and planned every lane again, never sure to finish. A single step longer than the
+        TTL is kept by the lock keeper (:mod:`.lock_keeper`), whose renewals and losses count
+        here. A renewal never takes a vacant lock (``lua/beat_renew.lua``). Raises :class:`BeatLockLost` when another beat holds
         it (this one stands by), :class:`BeatLockVanished` when no beat does (as for a lock
         vanished mid-read, this beat keeps what it remembers and its next tick's lock step
         takes it back)."""

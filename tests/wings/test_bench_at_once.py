@@ -1,0 +1,22 @@
+"""The members-added-at-once bench (``python -m bench.at_once``) runs and reports: a small
+family here, its figures at a million in docs/performance.md. That the lock is kept through a
+step longer than its TTL is tested in tests/on_celery/test_long_tick_keeps_lock.py."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from bench import at_once
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_members_added_at_once_are_planned_in_one_round_by_the_beat_holding_the_lock(
+        redis_url: str, redis_client: redis.Redis, key_prefix: str) -> None:
+    out = at_once.run(redis_url, 3_000, lock_ttl_s=3.0, rounds=3, prefix=key_prefix)
+    assert out["planned_all"] and out["rounds_to_plan_all"] == 1, out
+    assert out["lock_changed_hands"] == 0 and out["heavy_sent"] == 1, out
+    (row,) = out["rounds"]
+    assert row["active_holds"] and not row["standby_took_over"] and row["failed"] == ""
+    assert out["first_tick_s"] > 0 and out["add_s"] >= 0
