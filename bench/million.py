@@ -582,6 +582,15 @@ def section(url: str, n: int, due: int, smoke: bool,
         except RuntimeError as exc:  # the other cases' figures are kept
             out[name] = {"failed": str(exc)[-3000:]}
         out[name]["elapsed_s"] = round(time.monotonic() - begin, 1)
+    # N members added at once to a running beat, at the default lock TTL (bench.at_once).
+    say(f"at_once with {n:,} members")
+    begin = time.monotonic()
+    try:
+        out["at_once"] = run_json([sys.executable, "-m", "bench.at_once", "--members", str(n),
+                                   "--redis", url])
+    except RuntimeError as exc:
+        out["at_once"] = {"failed": str(exc)[-3000:]}
+    out["at_once"]["elapsed_s"] = round(time.monotonic() - begin, 1)
     out["goals"] = goals(out)
     return out
 
@@ -632,11 +641,22 @@ def goals(out: dict[str, Any]) -> dict[str, Any]:
             "met": _le(_get(compact, "redis", "bytes_per_lane"), 600)},
         "memory_family_compact": verdict(_exact(_get(compact, "memory", "scheduler_mib"),
                                                 rb_mem), 0.5),
+        "at_once_planned_in_one_tick": _one_tick(out.get("at_once") or {}),
         "redis_bytes_per_entry": {"bytes": _get(ent, "redis", "bytes_per_lane"),
                                   "redbeat": _get(rb, "redis", "bytes_per_lane"),
                                   "limit": 600,
                                   "met": _le(_get(ent, "redis", "bytes_per_lane"), 600)},
     }
+
+
+def _one_tick(at_once: dict[str, Any]) -> dict[str, Any]:
+    """Members added at once planned in one round, the lock never changing hands (rounds
+    None: never planned within the rounds run, a miss)."""
+    if not at_once or "failed" in at_once:
+        return {"ratio": None, "limit": 1, "met": None}
+    rounds = at_once.get("rounds_to_plan_all")
+    return {"ratio": rounds, "limit": 1,
+            "met": rounds == 1 and at_once.get("lock_changed_hands") == 0}
 
 
 def _exact(numerator: float | None, denominator: float | None) -> float | None:
@@ -725,6 +745,7 @@ def markdown(out: dict[str, Any]) -> str:
         _get(ent, "redis", "bytes_per_lane"), _get(rb, "redis", "bytes_per_lane"))
     row("process wall time (s)", fam.get("elapsed_s"), ent.get("elapsed_s"), rb.get("elapsed_s"))
     lines += _compact_rows(out.get("family_compact"))
+    lines += _at_once_rows(out.get("at_once"))
     lines += ["", "Redis memory by key (`MEMORY USAGE`, bytes per lane):", "",
               "| run | key | type | encoding | length | bytes / lane |",
               "| --- | --- | --- | --- | --- | --- |"]
@@ -752,6 +773,24 @@ def _compact_rows(res: dict[str, Any] | None) -> list[str]:
     return ["", "The family case again with SCHEDPROJ_COMPACT_RECORDS on (beat, the seeded "
             "records and the members added in the compact format):", "",
             "| figure | FairScheduler: family, compact records |", "| --- | --- |",
+            *(f"| {label} | {fmt(value)} |" for label, value in figures),
+            *([f"| failed | {res['failed'][-200:]!r} |"] if "failed" in res else [])]
+
+
+def _at_once_rows(res: dict[str, Any] | None) -> list[str]:
+    """N members added at once to a running beat and a standby, default lock TTL."""
+    if not res:
+        return []
+    figures = [("members added through the family API (s)", res.get("add_s")),
+               ("rounds until every member was planned", res.get("rounds_to_plan_all")),
+               ("the lock changed hands (rounds)", res.get("lock_changed_hands")),
+               ("first tick (s)", res.get("first_tick_s")),
+               ("lock keeper renewals", res.get("keeper_renewals")),
+               ("longest Redis command (ms)", res.get("longest_command_ms")),
+               ("peak RSS, both beats (MiB)", res.get("peak_rss_mib")),
+               ("process wall time (s)", res.get("elapsed_s"))]
+    return ["", "Members added at once to a running beat and its standby, default lock TTL "
+            "(`bench.at_once`):", "", "| figure | FairScheduler |", "| --- | --- |",
             *(f"| {label} | {fmt(value)} |" for label, value in figures),
             *([f"| failed | {res['failed'][-200:]!r} |"] if "failed" in res else [])]
 

@@ -20,3 +20,14 @@ def test_members_added_at_once_are_planned_in_one_round_by_the_beat_holding_the_
     (row,) = out["rounds"]
     assert row["active_holds"] and not row["standby_took_over"] and row["failed"] == ""
     assert out["first_tick_s"] > 0 and out["add_s"] >= 0
+
+
+def test_the_million_section_judges_one_tick_and_a_kept_lock() -> None:
+    from bench import million
+
+    kept = {"rounds_to_plan_all": 1, "lock_changed_hands": 0}
+    assert million._one_tick(kept)["met"] is True
+    assert million._one_tick({**kept, "lock_changed_hands": 1})["met"] is False
+    assert million._one_tick({"rounds_to_plan_all": None, "lock_changed_hands": 3})["met"] is False
+    assert million._one_tick({})["met"] is None
+    assert million._one_tick({"failed": "boom"})["met"] is None
