@@ -14,10 +14,11 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from schedproj.core.errors import SchedprojError
+from schedproj.core.frozen import evolve
 from schedproj.core.lanes import Lane, LaneSpec, fixed_unit
 
 #: A member key: 1 to :data:`KEY_MAX_LEN` characters out of letters, digits and ``._-:/@+=``.
@@ -112,10 +113,14 @@ def jitter_unit(family: str, key: str) -> float:
 
 def member_spec(family: LaneSpec, jitter: float, key: str) -> LaneSpec:
     """The lane spec of one member: the family's, named for the key, due at a staleness ratio
-    of ``1 + jitter * (2u - 1)`` for the key's fixed ``u`` (ranking still uses the ratio)."""
-    due_ratio = 1.0 + jitter * (2.0 * jitter_unit(family.name, key) - 1.0)
-    return replace(family, name=member_lane(family.name, key), family=family.name,
-                   due_ratio=due_ratio)
+    of ``1 + jitter * (2u - 1)`` for the key's fixed ``u`` (ranking still uses the ratio).
+
+    Beat builds one per due member (hundreds of thousands on the tick after a bulk add), so
+    it is ``evolve``: ``replace`` re-ran ``LaneSpec.__init__`` and walked its 18 fields, about
+    6 µs of the 7 a member cost. ``LaneSpec`` is plain, so the record is the same."""
+    name = member_lane(family.name, key)
+    due_ratio = 1.0 + jitter * (2.0 * fixed_unit(name) - 1.0)
+    return evolve(family, name=name, family=family.name, due_ratio=due_ratio)
 
 
 @dataclass(frozen=True)

@@ -31,13 +31,16 @@ class LaneSet:
     pools: Mapping[str, Pool] = field(default_factory=declare_pools)
 
     def spec(self, name: str) -> LaneSpec:
-        found = self._by_name.get(name)
-        if found is not None:
-            return found
-        member = self.member_spec(name)
-        if member is None:
+        found = self.find(name)
+        if found is None:
             raise KeyError(name)
-        return member
+        return found
+
+    def find(self, name: str) -> LaneSpec | None:
+        """The lane's spec, or None for a lane the set does not know: :meth:`knows` and
+        :meth:`spec` in one, which builds a member's spec once, not twice."""
+        found = self._by_name.get(name)
+        return found if found is not None else self.member_spec(name)
 
     def member_spec(self, name: str) -> LaneSpec | None:
         """The spec of a member of a declared family (None if ``name`` is not one)."""
@@ -54,7 +57,7 @@ class LaneSet:
         return member_spec(self.families[family], jitter, key)
 
     def knows(self, name: str) -> bool:
-        return name in self._by_name or self.member_spec(name) is not None
+        return self.find(name) is not None
 
     def option(self, name: str) -> Lane:
         """The lane options of a lane, or of a member's family."""

@@ -43,8 +43,12 @@ class TickLanes:
     def spec(self, lane: str) -> LaneSpec | None:
         """The lane's spec, or None for a lane the lane set does not know (any more)."""
         spec = self.specs.get(lane)
-        if spec is None and self.lanes.knows(lane):
-            spec = self.specs[lane] = self.lanes.spec(lane)
+        if spec is None:
+            # One lookup: ``knows`` then ``spec`` built a member's spec twice (the first tick
+            # after a bulk add resolves every member).
+            spec = self.lanes.find(lane)
+            if spec is not None:
+                self.specs[lane] = spec
         return spec
 
     def keep_only(self, due: Collection[str]) -> None:

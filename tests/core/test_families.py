@@ -3,11 +3,14 @@ member's spread due ratio, and the status fold of a family's members."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from schedproj.core.errors import LaneDeclarationError, SchedprojError
 from schedproj.core.families import (
@@ -22,7 +25,9 @@ from schedproj.core.families import (
     member_spec,
     split_member,
 )
-from schedproj.core.lanes import LaneKind, LaneSpec, fixed_unit
+from schedproj.core.lanes import DeploymentClass, Gate, Lane, LaneKind, LaneSpec, fixed_unit
+from schedproj.core.laneset import build_lane_set
+from schedproj.core.pools import Pool
 
 
 def test_a_member_lane_is_named_family_bracket_key_and_splits_back() -> None:
@@ -123,6 +128,67 @@ def test_a_member_spec_is_the_familys_named_for_the_key_with_a_fixed_due_ratio()
     assert member.task_name == "t.fam" and member.cadence_s == 60
     assert member.due_ratio == pytest.approx(1.0 + 0.2 * (2.0 * unit - 1.0))
     assert member_spec(FAMILY, 0.0, "acme").due_ratio == 1.0
+
+
+def replaced(family: LaneSpec, jitter: float, key: str) -> LaneSpec:
+    """What ``member_spec`` built with ``dataclasses.replace`` before it filled the record's
+    ``__dict__`` (``frozen.evolve``): the spec it builds must stay this one."""
+    name = member_lane(family.name, key)
+    return dataclasses.replace(family, name=name, family=family.name,
+                               due_ratio=1.0 + jitter * (2.0 * fixed_unit(name) - 1.0))
+
+
+def same_spec(fast: LaneSpec, slow: LaneSpec) -> None:
+    assert fast == slow and hash(fast) == hash(slow) and repr(fast) == repr(slow)
+    assert list(vars(fast).items()) == list(vars(slow).items())  # same fields, same order
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.name = "x"  # type: ignore[misc]
+
+
+KEYS = st.text("abcXYZ019._:/@+=-", min_size=1, max_size=20)
+
+
+@given(jitter=st.floats(0, 0.5), key=KEYS, heavy=st.booleans(), calendar=st.booleans(),
+       gates=st.lists(st.sampled_from(["t.free", "t.other"]), unique=True, max_size=2),
+       pool=st.sampled_from([None, "gpu"]), slots=st.integers(1, 2),
+       weight=st.floats(0.5, 3), order=st.integers(0, 2000),
+       retry=st.sampled_from([None, 30.0]), local=st.booleans())
+def test_a_member_spec_is_what_replace_builds_for_any_declared_family(
+        jitter: float, key: str, heavy: bool, calendar: bool, gates: list[str],
+        pool: str | None, slots: int, weight: float, order: int, retry: float | None,
+        local: bool) -> None:
+    family = LaneFamily(
+        cadence_s=None if calendar else 60, schedule="30 2 * * *" if calendar else None,
+        catchup_window_s=600 if calendar else None,
+        kind=LaneKind.HEAVY if heavy else LaneKind.LIGHT, jitter=jitter,
+        gates=tuple(Gate(g, max_defer_s=9) for g in gates), order=order,
+        weight=weight if heavy else 1.0, pool=pool if heavy else None,
+        slots=slots if heavy and pool else 1,
+        retry_after_failure_s=retry, retry_window_s=retry and 4 * retry,
+        deployment=DeploymentClass.LOCAL_ONLY if local else DeploymentClass.SHARED)
+    lanes = build_lane_set({"t.fam": SimpleNamespace(lane=family, queue=None),
+                            "t.free": SimpleNamespace(lane=Lane(cadence_s=60, kind="light"),
+                                                      queue=None),
+                            "t.other": SimpleNamespace(lane=Lane(cadence_s=90, kind="light"),
+                                                       queue=None)},
+                           pools=[Pool("gpu", slots=2)])
+    template = lanes.families["t.fam"]
+    same_spec(member_spec(template, jitter, key), replaced(template, jitter, key))
+    same_spec(lanes.spec(f"t.fam[{key}]"), replaced(template, jitter, key))
+    assert lanes.find(f"t.fam[{key}]") == lanes.spec(f"t.fam[{key}]")
+
+
+@given(family=st.builds(
+    LaneSpec, name=st.sampled_from(["fam", "a.b"]), task_name=st.just("t.fam"),
+    kind=st.sampled_from(LaneKind), cadence_s=st.floats(1, 1e6),
+    priority0=st.booleans(), gates=st.just((Gate("t.x"),)) | st.just(()),
+    family=st.sampled_from([None, "fam"]), due_ratio=st.floats(0.5, 1.5),
+    retry_after_failure_s=st.none() | st.floats(1, 100),
+    catchup_window_s=st.none() | st.floats(1, 100), slots=st.integers(1, 4)),
+    jitter=st.floats(0, 0.5), key=KEYS)
+def test_a_member_spec_is_what_replace_builds_for_any_spec(family: LaneSpec, jitter: float,
+                                                            key: str) -> None:
+    same_spec(member_spec(family, jitter, key), replaced(family, jitter, key))
 
 
 def test_member_due_ratios_spread_across_one_plus_minus_jitter() -> None:
