@@ -9,6 +9,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from schedproj.core import codec, records, schedules
 from schedproj.core.defaults import STATE_VERSION
@@ -23,6 +25,7 @@ from schedproj.core.records import (
     SchedRecord,
     decode,
     encode,
+    new_state,
 )
 
 DEFERRAL = Deferral(lane="a", reason=DeferralReason.DEPENDENCY, blocker="b", since=10.0,
@@ -349,3 +352,62 @@ def test_the_previous_release_meets_a_compact_record_with_a_version_error() -> N
     assert "a newer schedproj wrote it" in message and "run a matching schedproj" in message
     with pytest.raises(StateError, match="format version 3, this schedproj reads version 1 or 2"):
         decode(RunRecord, '{"v":3}', key)
+
+
+# -- decoding without ``__init__`` (a tick after a bulk add decodes every member's record) -------
+
+#: Values of every JSON type, right and wrong for each field.
+ANY_VALUE = (st.none() | st.booleans() | st.integers(-3, 2**40) | st.floats(-1e12, 1e12)
+             | st.text(max_size=3) | st.sampled_from(["completed", "lost"])
+             | st.lists(st.integers(), max_size=1))
+
+
+def _outcome(cls: Any, raw: str) -> Any:
+    """A record and its fields in order, or the refusal."""
+    try:
+        record = decode(cls, raw, "k")
+    except StateError as exc:
+        return exc.problem
+    return record, list(vars(record).items())
+
+
+@settings(max_examples=300)
+@given(cls=st.sampled_from([RunRecord, SchedRecord]), data=st.data(),
+       compact=st.booleans())
+def test_a_record_decodes_as_init_and_a_check_of_every_field_decoded_it(
+        cls: Any, data: Any, compact: bool) -> None:
+    names = [f.name for f in dataclasses.fields(cls) if f.name != "deferral"]
+    stored_fields = data.draw(st.dictionaries(st.sampled_from(names), ANY_VALUE))
+    if compact:
+        raw = json.dumps({"v": 2, **{records.SHORT_NAMES[cls][n]: v
+                                     for n, v in stored_fields.items()}})
+    else:
+        raw = json.dumps({"v": STATE_VERSION, **stored_fields})
+    fast = _outcome(cls, raw)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(records, "_BLANK", {})  # every record through __init__ and the full check
+        slow = _outcome(cls, raw)
+    assert fast == slow
+    if not isinstance(fast, str):
+        assert encode(fast[0]) == encode(slow[0])
+
+
+@pytest.mark.parametrize("record", [RunRecord(), SchedRecord(), FULL_RUN, FULL_SCHED])
+def test_a_decoded_record_is_built_as_init_builds_it(record: Any) -> None:
+    decoded = decode(type(record), encode(record), "k")
+    assert list(vars(decoded).items()) == list(vars(record).items())
+    assert hash(decoded) == hash(record) and repr(decoded) == repr(record)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        decoded.runs = 1
+
+
+def test_a_state_built_fast_is_the_one_init_builds() -> None:
+    fast = new_state(FULL_RUN, FULL_SCHED)
+    assert fast == LaneState(run=FULL_RUN, sched=FULL_SCHED)
+    assert list(vars(fast).items()) == list(vars(LaneState(FULL_RUN, FULL_SCHED)).items())
+
+
+def test_only_records_whose_every_default_is_plain_skip_init() -> None:
+    assert set(records._BLANK) == {RunRecord, SchedRecord}
+    assert list(records._BLANK[RunRecord].items()) == list(vars(RunRecord()).items())
+    assert list(records._BLANK[SchedRecord].items()) == list(vars(SchedRecord()).items())
