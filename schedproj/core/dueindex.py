@@ -11,14 +11,14 @@ says which of them the planner must see now.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from schedproj.core.deferrals import LEASE_WAITS
 from schedproj.core.due import NEVER, due_at
 from schedproj.core.lanes import LaneSpec
 from schedproj.core.pools import DEFAULT_POOL
-from schedproj.core.records import LaneState, LeaseView, SchedRecord
+from schedproj.core.records import LaneState, LeaseView, SchedRecord, new_state
 from schedproj.core.views import is_in_flight
 
 if TYPE_CHECKING:  # the worker files due times through this module: not the planner's imports
@@ -339,7 +339,8 @@ def gated_back(focus: set[str], quiet: dict[str, float],
 def with_changes(states: Mapping[str, LaneState],
                  changes: Mapping[str, SchedRecord]) -> dict[str, LaneState]:
     """The states as they are once the plan's beat-owned records are written."""
-    return {lane: (replace(st, sched=changes[lane]) if lane in changes else st)
+    # (new_state: ``replace`` cost 2 µs a changed lane, every lane of a bulk add's first tick.)
+    return {lane: (new_state(st.run, changes[lane]) if lane in changes else st)
             for lane, st in states.items()}
 
 

@@ -374,6 +374,8 @@ def test_with_changes_applies_only_the_changed_beat_records() -> None:
     out = with_changes(states, {"a": changed, "ghost": changed})
     assert out == {"a": LaneState(run=RunRecord(last_run_at=5.0), sched=changed),
                    "b": states["b"]}
+    assert list(vars(out["a"]).items()) == list(vars(replace(states["a"], sched=changed)).items())
+    assert out["b"] is states["b"]
 
 
 def test_forgetting_a_lane_the_memory_never_held_is_harmless() -> None:
