@@ -127,12 +127,14 @@ def test_the_first_decode_of_each_record_kind_checks_its_fields(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # Field types are worked out once per record class and kept: a cold start must check too.
     monkeypatch.setattr(records, "_FIELD_TYPES", {})
+    monkeypatch.setattr(records, "_FIELD_NAMES", {})
     assert decode(RunRecord, encode(FULL_RUN), "k") == FULL_RUN
     with pytest.raises(StateError, match="unknown fields"):
         decode(SchedRecord, stored(nope=1), "k")
     with pytest.raises(StateError, match="fence must be a number"):
         decode(LeaseView, stored(lane="a", token="t", fence="1", granted_at=1.0), "k")
     assert set(records._FIELD_TYPES) == {RunRecord, SchedRecord, LeaseView}
+    assert set(records._FIELD_NAMES) == {RunRecord, SchedRecord, LeaseView}
 
 
 def test_a_finite_float_built_from_a_huge_integer_cannot_slip_in() -> None:
