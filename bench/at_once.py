@@ -6,11 +6,12 @@ object. An active beat and a standby beat (sends replaced by a no-op that keeps 
 bookkeeping, ``bench.tickcost.noop_sends``), a heavy family of one-hour cadence; N members are
 added through the family API at once (timed): each is due, with no record. Then the two beats
 tick in turn, as a deployment's do, until every member is planned (its next look written over
-the 0 it was added with) or ``--rounds`` rounds passed. Reported: each round's tick time and
-which beat held the lock after it, the rounds, the lock keeper's renewals, the longest Redis
-command (slow log) and beat's peak RSS. ``--no-keeper`` runs the same with the keeper earning
-nothing (``lock_keeper.PER_LANE_S`` 0): beat as it was before it, renewing between the
-tick's steps only.
+the 0 it was added with) or ``--rounds`` rounds passed; then the heavy run ends and one more
+round is timed (``hand_off``: every waiting member planned again, the lease changed hands).
+Reported: each round's tick time and which beat held the lock after it, the rounds, the lock
+keeper's renewals, the longest Redis command (slow log) and beat's peak RSS. ``--no-keeper``
+runs the same with the keeper earning nothing (``lock_keeper.PER_LANE_S`` 0): beat as it was
+before it, renewing between the tick's steps only.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import redis
 from celery import Celery
 
 from bench.million import HEAVY_FAMILY, longest_script_ms, member_key, reset_slowlog, say
-from bench.tickcost import mib, noop_sends, proc_kib
+from bench.tickcost import end_run, mib, noop_sends, proc_kib
 from schedproj import LaneTask, Settings, configure_app
 from schedproj.core.families import LaneFamily
 from schedproj.core.lanes import LaneKind
@@ -105,6 +106,17 @@ def run(url: str, members: int, lock_ttl_s: float, rounds: int,
         say(f"at once: round {len(out['rounds'])}: {row}")
         if standby.active:  # the beats trade places, as a deployment's would
             active, standby = standby, active
+    if unplanned(client, keys) == 0:
+        # The heavy run ends: the next tick plans every waiting member again (the lease
+        # changed hands) having read one lane - the tick after, timed the same way.
+        end_run(client, keys)
+        took, failed = tick(active)
+        standby_took, _ = tick(standby)
+        out["hand_off"] = {"tick_s": round(took, 2), "failed": failed,
+                           "active_holds": active.active,
+                           "standby_took_over": standby.active,
+                           "granted_again": client.exists(keys.lease) == 1}
+        say(f"at once: the tick after the run's end: {out['hand_off']}")
     out.update(
         planned_all=unplanned(client, keys) == 0,
         rounds_to_plan_all=len(out["rounds"]) if unplanned(client, keys) == 0 else None,

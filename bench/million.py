@@ -655,8 +655,10 @@ def _one_tick(at_once: dict[str, Any]) -> dict[str, Any]:
     if not at_once or "failed" in at_once:
         return {"ratio": None, "limit": 1, "met": None}
     rounds = at_once.get("rounds_to_plan_all")
+    after = at_once.get("hand_off") or {}
     return {"ratio": rounds, "limit": 1,
-            "met": rounds == 1 and at_once.get("lock_changed_hands") == 0}
+            "met": rounds == 1 and at_once.get("lock_changed_hands") == 0
+            and bool(after.get("active_holds")) and not after.get("standby_took_over")}
 
 
 def _exact(numerator: float | None, denominator: float | None) -> float | None:
@@ -785,6 +787,8 @@ def _at_once_rows(res: dict[str, Any] | None) -> list[str]:
                ("rounds until every member was planned", res.get("rounds_to_plan_all")),
                ("the lock changed hands (rounds)", res.get("lock_changed_hands")),
                ("first tick (s)", res.get("first_tick_s")),
+               ("the tick after the run's end, every member planned again (s)",
+                (res.get("hand_off") or {}).get("tick_s")),
                ("lock keeper renewals", res.get("keeper_renewals")),
                ("longest Redis command (ms)", res.get("longest_command_ms")),
                ("peak RSS, both beats (MiB)", res.get("peak_rss_mib")),

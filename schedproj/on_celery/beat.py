@@ -334,6 +334,9 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         self._learn(snap, unreadable, now)
         held = self._keep_lock(held)
         states, slots = self._focus(snap, probes, unreadable, now)
+        # The lanes planned, not only those read: a million due members held in memory are
+        # planned again when the lease changes hands, in a tick that read a few lanes.
+        self.keeper.earn(len(states))
         held = self._keep_lock(held)
         if snap.epoch.quarantine_left_s == 0:  # records lost in a state loss can't be judged
             # Before dispatching: a new run of the lane, started within milliseconds of its
@@ -524,10 +527,10 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         were refused, and the next tick - or a standby beat - took the lock afresh and read
         and planned every lane again, never sure to finish. A single step longer than the
         TTL is kept by the lock keeper (:mod:`.lock_keeper`), whose renewals and losses count
-        here. A renewal never takes a vacant lock (``lua/beat_renew.lua``). Raises :class:`BeatLockLost` when another beat holds
-        it (this one stands by), :class:`BeatLockVanished` when no beat does (as for a lock
-        vanished mid-read, this beat keeps what it remembers and its next tick's lock step
-        takes it back)."""
+        here. A renewal never takes a vacant lock (``lua/beat_renew.lua``). Raises
+        :class:`BeatLockLost` when another beat holds it (this one stands by),
+        :class:`BeatLockVanished` when no beat does (as for a lock vanished mid-read, this
+        beat keeps what it remembers and its next tick's lock step takes it back)."""
         ttl = self.settings.beat_lock_ttl_s
         asked = time.time()
         # The keeper renewed it during the last step, or found it lost there.
