@@ -156,7 +156,10 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         #: The lanes read every tick this tick left out as quiet, each with when it falls due
         #: on what it was last planned on (``TickMemory.quiet_now``).
         self._quiet: dict[str, float] = {}
-        #: When this beat last read Redis holding the lock (its memory is that old).
+        #: When this beat last knew it held the lock: its last read holding it, or a later
+        #: renewal in the same tick (a step between, or the lock keeper through one long
+        #: step). No other beat can have run lanes since unless a lock TTL has passed, so what
+        #: this beat remembers is still true (``_reread_all``).
         self._last_read_at = 0.0
         #: When this beat last saw another beat hold the lock, by its own clock and by the
         #: server's, and that beat's token (None: since it held the lock itself, or never).
@@ -244,6 +247,9 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
             return self._tick()
         except BeatLockVanished as exc:
             # As for a lock vanished between two pages of the read (_vanished_mid_read).
+            # Held until the last renewal of this tick (the keeper's, inside a long step):
+            # what this beat remembers is put back if it takes the lock within a TTL of it.
+            self._held(self.keeper.renewed_at())
             logger.warning("beat %s: %s; taking it back at the next tick", self.token[:8], exc)
             return min(STANDBY_POLL_S, self.settings.beat_max_loop_interval_s)
         except BeatLockLost as exc:
@@ -538,11 +544,11 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         renewed_at = max(renewed_at, self.keeper.renewed_at())
         if holder is None:
             if asked - renewed_at <= ttl / 3:
-                return renewed_at
+                return self._held(renewed_at)
             holder = self.rt.store.renew_held(self.token, ttl)
         if holder is None:
             self.keeper.renewed(asked)
-            return asked
+            return self._held(asked)
         if holder:
             self.memory.reset()
             raise BeatLockLost(f"beat lock taken by another beat ({holder[:8]}) during a long "
@@ -550,6 +556,15 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
         raise BeatLockVanished(f"the beat lock vanished during a long tick "
                                f"({asked - renewed_at:.1f}s since it was renewed; Redis lost "
                                "its state, or it expired)")
+
+    def _held(self, at: float) -> float:
+        """This beat held its lock at ``at`` (returned). A tick that kept its lock for
+        longer than a TTL (a million members planned) ended more than a TTL after its read:
+        judged by the read alone, a state loss found just after it - or by the keeper inside
+        it - counted this beat as away past its lock, and what it remembers was not put back
+        (every lane's run record lost, each read as never run)."""
+        self._last_read_at = max(self._last_read_at, at)
+        return at
 
     def _vanished_mid_read(self) -> None:
         """The lock vanished between two pages of this beat's read: Redis lost its state

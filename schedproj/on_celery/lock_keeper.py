@@ -113,6 +113,9 @@ class LockKeeper:
                     self._cond.wait(None if due is None else due - time.time())
                     due = self._next_renewal()
                 began = self._began
+            # The lock is kept from when the renewal was asked (its PEXPIRE runs after this):
+            # the time of the reply would count it held a round trip longer than it is.
+            asked = time.time()
             try:
                 holder = self._renew()
             except redis.RedisError as exc:
@@ -126,7 +129,7 @@ class LockKeeper:
                 if self._began != began:
                     continue  # the tick ended (or another began) while renewing
                 if holder is None:
-                    self._renewed_at = time.time()
+                    self._renewed_at = max(self._renewed_at, asked)
                     self.renewals += 1
                 else:
                     self._lost, self._began = holder, None

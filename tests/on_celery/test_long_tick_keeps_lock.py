@@ -343,4 +343,70 @@ def test_a_tick_that_read_few_lanes_but_plans_many_keeps_the_lock_it_earned(
     assert planned and planned[0] >= MEMBERS - 1, planned
     assert sched.active and redis_client.get(keys.beat_lock) == sched.token
     assert sched.keeper.renewals >= made + 3
+
+
+def test_a_state_loss_inside_a_step_the_keeper_kept_still_puts_back_what_beat_remembers(
+        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The keeper held the lock through one step 2.5 TTLs long, then Redis lost everything
+    and the keeper found the lock vanished. Beat held the lock a moment before: its next tick
+    takes it back and puts back DREAM's record. It judged whether it held the lock a moment
+    ago by its last read alone (the tick's start, over a TTL before), so it put back nothing
+    and DREAM read as never run."""
+    monkeypatch.setattr(lock_keeper, "PER_LANE_S", 10.0)  # DREAM's read earns 10 s
+    keys = Keys(key_prefix)
+    app = make_app(key_prefix, declare_dream, beat_max_loop_interval_s=LOCK_TTL_S / 3,
+                   beat_lock_ttl_s=LOCK_TTL_S, start_deadline_s=60.0)
+    ran_at = time.time() - 10
+    redis_client.hset(keys.lanes, run_field(DREAM), encode(RunRecord(
+        last_run_at=ran_at, last_outcome=Outcome.COMPLETED, runs=7)))
+    sched = FairScheduler(app=app)
+    sched.tick()
+    sched.tick()
+    sched.rt.store.touch([DREAM])  # read by the next tick: it earns, and plans DREAM
+
+    def lose() -> None:
+        lose_everything(redis_client, key_prefix)
+        time.sleep(LOCK_TTL_S / 3 + 0.1)  # the keeper's next renewal finds it vanished
+
+    slowed = slowed_once(monkeypatch, 2.5 * LOCK_TTL_S, lose)
+    sched.tick()
+    assert slowed and sched.keeper.renewals >= 3 and sched.keeper.lost() == ""
+    assert sched.active
+    sched.tick()
+    raw = redis_client.hget(keys.lanes, run_field(DREAM))
+    assert raw is not None, f"{DREAM}'s run record (ran 10 s ago) was not put back"
+    back = sched.rt.store.read_run(DREAM)
+    assert back.runs == 7 and back.last_run_at == pytest.approx(ran_at), back
+    assert sched.active and redis_client.get(keys.beat_lock) == sched.token
+    assert broker.llen("heavy") == 0
+    sched.close()
+
+
+def test_a_state_loss_just_after_a_tick_the_keeper_kept_still_puts_back_run_records(
+        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tick 2.5 TTLs long, its lock kept throughout, ends; Redis then loses everything.
+    Beat held the lock to the end of that tick, so its next tick puts back the run records
+    (DREAM's estimated: planned and not due, beat no longer keeps it in memory). Judged by the
+    long tick's read alone, beat counted as away for over a TTL and put back nothing."""
+    monkeypatch.setattr(lock_keeper, "PER_LANE_S", 10.0)
+    keys = Keys(key_prefix)
+    app = make_app(key_prefix, declare_dream, beat_max_loop_interval_s=LOCK_TTL_S / 3,
+                   beat_lock_ttl_s=LOCK_TTL_S, start_deadline_s=60.0)
+    redis_client.hset(keys.lanes, run_field(DREAM), encode(RunRecord(
+        last_run_at=time.time() - 10, last_outcome=Outcome.COMPLETED, runs=7)))
+    sched = FairScheduler(app=app)
+    sched.tick()
+    sched.tick()
+    sched.rt.store.touch([DREAM])
+    slowed = slowed_once(monkeypatch, 2.5 * LOCK_TTL_S)
+    sched.tick()
+    assert slowed and sched.keeper.renewals >= 3 and sched.active
+    assert redis_client.get(keys.beat_lock) == sched.token
+    lose_everything(redis_client, key_prefix)
+    sched.tick()
+    assert redis_client.hget(keys.lanes, run_field(DREAM)) is not None, (
+        f"{DREAM}'s run record was not put back")
+    assert sched.active and broker.llen("heavy") == 0
     sched.close()
