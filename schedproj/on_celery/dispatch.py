@@ -155,6 +155,13 @@ class Dispatcher:
                                     holds=None if slots is None else holds_after(slots, grants))
         if not self._write_sched(plan, writes):
             self._release_all(grants)
+            # Refused for a lock no beat holds: Redis lost its state between two calls (a
+            # plan over many lanes is recorded by pages, seconds of calls at a million lanes),
+            # as the dispatch's renewal would have found it. What this beat remembers is kept
+            # for its next tick to take the lock back and put back (FairScheduler); standing
+            # by with its memory reset, it took the lock afresh and put back nothing.
+            if self.rt.store.renew_held(self.token, self.settings.beat_lock_ttl_s) == "":
+                raise BeatLockVanished("the beat lock vanished while recording the dispatch")
             self.memory.reset()
             raise BeatLockLost("beat lock lost before recording the dispatch")
         return looks

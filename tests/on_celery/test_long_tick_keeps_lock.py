@@ -410,3 +410,46 @@ def test_a_state_loss_just_after_a_tick_the_keeper_kept_still_puts_back_run_reco
         f"{DREAM}'s run record was not put back")
     assert sched.active and broker.llen("heavy") == 0
     sched.close()
+
+
+def declare_both(app: Celery) -> None:
+    declare(app)
+    declare_dream(app)
+
+
+def test_a_state_loss_between_pages_of_the_record_keeps_beat_the_one_that_puts_back(
+        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis) -> None:
+    """Redis loses everything between two pages of a plan's record (a restart, a failover:
+    the client reconnects to an empty server). The next page is refused for a lock no beat
+    holds: a state loss, as the dispatch's renewal would have found it, not another beat's
+    take-over. Beat keeps what it remembers and stays the beat that was active, so its next
+    tick takes the lock back and puts DREAM's record back. It stood by with its memory
+    reset, took the lock afresh as a new beat and put back nothing."""
+    keys = Keys(key_prefix)
+    app = make_app(key_prefix, declare_both, start_deadline_s=60.0)
+    redis_client.hset(keys.lanes, run_field(DREAM), encode(RunRecord(
+        last_run_at=time.time() - 10, last_outcome=Outcome.COMPLETED, runs=7)))
+    sched = FairScheduler(app=app)
+    sched.tick()
+    sched.tick()
+    sched.rt.store.read_page = 500
+    add_due_members(redis_client, keys)
+    real_write = sched.rt.store.write_sched
+    made: list[bool] = []
+
+    def write_sched(token: str, records: Any, looks: Any = None) -> bool:
+        if len(made) == 2:
+            lose_everything(redis_client, key_prefix)
+        made.append(True)
+        return real_write(token, records, looks)
+
+    sched.rt.store.write_sched = write_sched  # type: ignore[method-assign]
+    sched.tick()
+    assert len(made) == 3 and broker.llen("heavy") == 0
+    assert sched.active, "a lock vanished with Redis's state was taken for another beat's"
+    sched.rt.store.write_sched = real_write  # type: ignore[method-assign]
+    sched.tick()
+    assert redis_client.hget(keys.lanes, run_field(DREAM)) is not None, (
+        f"{DREAM}'s run record was not put back")
+    assert sched.active and redis_client.get(keys.beat_lock) == sched.token
+    sched.close()
