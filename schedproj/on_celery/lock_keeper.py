@@ -118,10 +118,16 @@ class LockKeeper:
             asked = time.time()
             try:
                 holder = self._renew()
-            except redis.RedisError as exc:
+            except Exception as exc:  # any exception let out ends the thread
                 # The main thread meets the same Redis at its next call and says so: nothing
-                # is decided here; the renewal is tried again shortly.
-                logger.debug("lock keeper: renewal failed (%s)", exc)
+                # is decided here; the renewal is tried again shortly. Not only RedisError:
+                # redis-py's cluster client says an unreachable cluster with
+                # RedisClusterException, and any exception let out ended this thread silently,
+                # leaving the step it kept to lose the lock.
+                if isinstance(exc, redis.RedisError):
+                    logger.debug("lock keeper: renewal failed (%s)", exc)
+                else:
+                    logger.warning("lock keeper: renewal failed (%r); tried again shortly", exc)
                 with self._cond:
                     self._retry_at = time.time() + self._ttl_s / 10
                 continue

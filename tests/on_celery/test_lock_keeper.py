@@ -124,3 +124,27 @@ def test_the_main_threads_own_renewal_moves_the_next_one_on(per_lane: float) -> 
         keeper.renewed(time.time())
     keeper.end()
     assert renew.calls == []
+
+
+def test_a_renewal_that_fails_with_an_error_beyond_redis_errors_is_retried(
+        per_lane: float) -> None:
+    """redis-py's cluster client says a cluster it cannot reach with RedisClusterException,
+    no RedisError: it ended the keeper's thread, silently, and the long step it was keeping
+    lost the lock (the thread started again only with the next tick's earnings)."""
+    answers = iter([redis.exceptions.RedisClusterException("cannot be connected")])
+    calls: list[float] = []
+
+    def renew() -> str | None:
+        calls.append(time.time())
+        failure = next(answers, None)
+        if failure is not None:
+            raise failure
+        return None
+
+    keeper = LockKeeper(renew, TTL_S)
+    began = time.time()
+    keeper.begin(began)
+    keeper.earn(1000)
+    time.sleep(TTL_S)
+    keeper.end()
+    assert len(calls) >= 2 and keeper.renewals >= 1 and keeper.renewed_at() > began, calls
