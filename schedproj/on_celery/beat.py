@@ -249,7 +249,7 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
             # As for a lock vanished between two pages of the read (_vanished_mid_read).
             # Held until the last renewal of this tick (the keeper's, inside a long step):
             # what this beat remembers is put back if it takes the lock within a TTL of it.
-            self._held(self.keeper.renewed_at())
+            self._held(self.keeper.kept_at())
             logger.warning("beat %s: %s; taking it back at the next tick", self.token[:8], exc)
             return min(STANDBY_POLL_S, self.settings.beat_max_loop_interval_s)
         except BeatLockLost as exc:
@@ -258,6 +258,8 @@ class FairScheduler(Scheduler):  # type: ignore[misc]
             self._go_standby(str(exc))
             return 0.0
         except (redis.ConnectionError, redis.TimeoutError) as exc:
+            if self.active:  # held until this tick's last renewal, as above
+                self._held(self.keeper.kept_at())
             self._go_standby(f"Redis unreachable ({exc})", cut_off=True)
             return REDIS_RETRY_S
         except redis.ResponseError as exc:

@@ -53,6 +53,8 @@ class LockKeeper:
         self._began: float | None = None
         self._until = 0.0
         self._renewed_at = 0.0
+        #: The last renewal made in the tick (the keeper's or the main thread's; 0: none yet).
+        self._kept_at = 0.0
         self._lost: str | None = None
         #: Not before this (a renewal failed on a Redis error).
         self._retry_at = 0.0
@@ -65,6 +67,7 @@ class LockKeeper:
         with self._cond:
             self._began, self._until = renewed_at, renewed_at
             self._renewed_at, self._lost, self._retry_at = renewed_at, None, 0.0
+            self._kept_at = 0.0
 
     def earn(self, lanes: int) -> None:
         """The tick read ``lanes`` lanes: keep its lock up to :data:`PER_LANE_S` a lane after
@@ -94,6 +97,13 @@ class LockKeeper:
         with self._cond:
             return self._renewed_at
 
+    def kept_at(self) -> float:
+        """When a renewal made in this tick (by the keeper or told by :meth:`renewed`) last
+        renewed the lock; 0 when none did. Unlike :meth:`renewed_at`, never the tick's start,
+        which is no renewal when the tick's read failed."""
+        with self._cond:
+            return self._kept_at
+
     def lost(self) -> str | None:
         """None while the keeper kept the lock (or had no need to); else who held it when a
         renewal failed: '' when no beat did."""
@@ -104,6 +114,7 @@ class LockKeeper:
         """The main thread renewed the lock itself at ``at``."""
         with self._cond:
             self._renewed_at = max(self._renewed_at, at)
+            self._kept_at = max(self._kept_at, at)
 
     def _run(self) -> None:
         while True:
@@ -136,6 +147,7 @@ class LockKeeper:
                     continue  # the tick ended (or another began) while renewing
                 if holder is None:
                     self._renewed_at = max(self._renewed_at, asked)
+                    self._kept_at = max(self._kept_at, asked)
                     self.renewals += 1
                 else:
                     self._lost, self._began = holder, None

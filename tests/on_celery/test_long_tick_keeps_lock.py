@@ -453,3 +453,43 @@ def test_a_state_loss_between_pages_of_the_record_keeps_beat_the_one_that_puts_b
         f"{DREAM}'s run record was not put back")
     assert sched.active and redis_client.get(keys.beat_lock) == sched.token
     sched.close()
+
+
+def test_redis_restarting_inside_a_step_the_keeper_kept_still_puts_back_what_beat_remembers(
+        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """As above, but the main thread meets the restart itself (its call fails: cut off from
+    Redis, it stands by until it is back). The keeper held the lock until just before: back,
+    beat takes the lock and puts DREAM's record back; counted as away since the tick's read, it
+    put back nothing."""
+    monkeypatch.setattr(lock_keeper, "PER_LANE_S", 10.0)
+    keys = Keys(key_prefix)
+    app = make_app(key_prefix, declare_dream, beat_max_loop_interval_s=LOCK_TTL_S / 3,
+                   beat_lock_ttl_s=LOCK_TTL_S, start_deadline_s=60.0)
+    ran_at = time.time() - 10
+    redis_client.hset(keys.lanes, run_field(DREAM), encode(RunRecord(
+        last_run_at=ran_at, last_outcome=Outcome.COMPLETED, runs=7)))
+    sched = FairScheduler(app=app)
+    sched.tick()
+    sched.tick()
+    sched.rt.store.touch([DREAM])
+    real_renew = sched.rt.store.renew_held
+
+    def unreachable(*args: Any, **kwargs: Any) -> str | None:
+        raise redis.ConnectionError("Connection refused")
+
+    def restart() -> None:
+        sched.rt.store.renew_held = unreachable  # type: ignore[method-assign]
+        lose_everything(redis_client, key_prefix)
+
+    slowed = slowed_once(monkeypatch, 2.5 * LOCK_TTL_S, restart)
+    sched.tick()  # the dispatch's renewal fails: cut off
+    assert slowed and sched.keeper.renewals >= 3 and not sched.active
+    sched.rt.store.renew_held = real_renew  # type: ignore[method-assign]
+    sched.tick()
+    raw = redis_client.hget(keys.lanes, run_field(DREAM))
+    assert raw is not None, f"{DREAM}'s run record (ran 10 s ago) was not put back"
+    back = sched.rt.store.read_run(DREAM)
+    assert back.runs == 7 and back.last_run_at == pytest.approx(ran_at), back
+    assert sched.active and redis_client.get(keys.beat_lock) == sched.token
+    sched.close()
