@@ -151,8 +151,11 @@ class Dispatcher:
         winner = grants.get(plan.decision.winner or "")
         token = (winner[LEASE_KWARG]["token"] if winner
                  else snap.lease.token if snap.lease is not None else None)
-        writes = self.memory.settle(looks, plan.now, token, waiting, states,
-                                    holds=None if slots is None else holds_after(slots, grants))
+        # What settle returns (the looks the index does not hold), taken before it: memory is
+        # settled only once the plan is recorded. A record refused for a vanished lock leaves
+        # beat what it read this tick to put back (settling forgot the lanes planned not due).
+        writes = {lane: look for lane, look in looks.items()
+                  if self.memory.scores.get(lane) != look}
         if not self._write_sched(plan, writes):
             self._release_all(grants)
             # Refused for a lock no beat holds: Redis lost its state between two calls (a
@@ -164,6 +167,8 @@ class Dispatcher:
                 raise BeatLockVanished("the beat lock vanished while recording the dispatch")
             self.memory.reset()
             raise BeatLockLost("beat lock lost before recording the dispatch")
+        self.memory.settle(looks, plan.now, token, waiting, states,
+                           holds=None if slots is None else holds_after(slots, grants))
         return looks
 
     def _write_sched(self, plan: Plan, looks: Mapping[str, float]) -> bool:
