@@ -367,7 +367,9 @@ def test_a_state_loss_inside_a_step_the_keeper_kept_still_puts_back_what_beat_re
 
     def lose() -> None:
         lose_everything(redis_client, key_prefix)
-        time.sleep(LOCK_TTL_S / 3 + 0.1)  # the keeper's next renewal finds it vanished
+        deadline = time.monotonic() + 2 * LOCK_TTL_S
+        while sched.keeper.lost() is None and time.monotonic() < deadline:
+            time.sleep(0.01)  # until the keeper's next renewal finds it vanished
 
     slowed = slowed_once(monkeypatch, 2.5 * LOCK_TTL_S, lose)
     sched.tick()
