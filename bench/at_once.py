@@ -41,7 +41,8 @@ PREFIX = "ao"
 CADENCE_S = 3600.0
 
 
-def family_app(url: str, lock_ttl_s: float, prefix: str = PREFIX) -> Celery:
+def family_app(url: str, lock_ttl_s: float, prefix: str = PREFIX,
+               kind: LaneKind = LaneKind.HEAVY) -> Celery:
     """The heavy family alone (no REM chain), the lock TTL given, the default loop interval
     (or a third of the TTL, whichever is shorter)."""
     defaults = Settings.load(broker_url=url, redis_url=url)
@@ -59,7 +60,7 @@ def family_app(url: str, lock_ttl_s: float, prefix: str = PREFIX) -> Celery:
         return None
 
     app.task(shared=False, base=LaneTask, name=HEAVY_FAMILY,
-             lane=LaneFamily(cadence_s=CADENCE_S, kind=LaneKind.HEAVY))(sync)
+             lane=LaneFamily(cadence_s=CADENCE_S, kind=kind))(sync)
     return app
 
 
@@ -80,10 +81,10 @@ def tick(sched: FairScheduler) -> tuple[float, str]:
 
 
 def run(url: str, members: int, lock_ttl_s: float, rounds: int,
-        prefix: str = PREFIX) -> dict[str, Any]:
+        prefix: str = PREFIX, kind: LaneKind = LaneKind.HEAVY) -> dict[str, Any]:
     client = redis.Redis.from_url(url, decode_responses=True)
     keys = Keys(prefix)
-    app = family_app(url, lock_ttl_s, prefix)
+    app = family_app(url, lock_ttl_s, prefix, kind)
     active, standby = FairScheduler(app=app), FairScheduler(app=app)
     sent = noop_sends(active)
     noop_sends(standby)
@@ -122,7 +123,7 @@ def run(url: str, members: int, lock_ttl_s: float, rounds: int,
         rounds_to_plan_all=len(out["rounds"]) if unplanned(client, keys) == 0 else None,
         lock_changed_hands=sum(r["standby_took_over"] for r in out["rounds"]),
         keeper_renewals=active.keeper.renewals + standby.keeper.renewals,
-        heavy_sent=sent[0], longest_command_ms=longest_script_ms(client),
+        sent=sent[0], longest_command_ms=longest_script_ms(client),
         first_tick_s=out["rounds"][0]["tick_s"] if out["rounds"] else None)
     for beat in (active, standby):
         beat.close()
@@ -136,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lock-ttl", type=float, default=None,
                         help="beat lock TTL (default: the setting's default, 15 s)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds at most")
+    parser.add_argument("--kind", choices=["heavy", "light"], default="heavy",
+                        help="the family's kind (light: every member is sent at once)")
     parser.add_argument("--no-keeper", action="store_true",
                         help="the lock keeper earns nothing: beat as before it")
     args = parser.parse_args(argv)
@@ -146,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     ttl = args.lock_ttl or Settings.load(broker_url=args.redis,
                                          redis_url=args.redis).beat_lock_ttl_s
     result = {"members": args.members, "lock_ttl_s": ttl, "keeper": not args.no_keeper,
-              **run(args.redis, args.members, ttl, args.rounds),
+              "kind": args.kind,
+              **run(args.redis, args.members, ttl, args.rounds, kind=LaneKind(args.kind)),
               "peak_rss_mib": mib(proc_kib("VmHWM"))}
     sys.stdout.write(json.dumps(result) + "\n")
     return 0

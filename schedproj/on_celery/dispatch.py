@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NoReturn
 
 import redis
 from celery.beat import ScheduleEntry
@@ -105,26 +105,17 @@ class Dispatcher:
         together = (self._grant_and_record(plan, snap, slots)
                     if not plan.pool_sends and len(plan.states) <= self.rt.store.read_page
                     else None)
+        settle: Callable[[], object] | None = None  # the together path settled already
         if together is not None:
             grants, looks = together
         else:
-            plan, grant_kwargs = self._grant(plan, snap.lock.fence)
-            grants = {}
-            if grant_kwargs and plan.decision.winner is not None:
-                grants[plan.decision.winner] = grant_kwargs
-            try:
-                plan = self._grant_slots(plan, snap.lock.fence, slots or {}, grants)
-            except BeatLockLost:
-                self._release_all(grants)
-                raise
-            looks = self._record(plan, snap, grants, slots)
-        self.before_send(plan)
+            plan, grants, looks, settle = self._grant_and_record_apart(plan, snap, slots)
         # The messages first: the counters are bookkeeping, and every hand-off with lanes
         # waiting defers them, so counting first put a round trip on the hand-off's path.
         # So are the deferral and miss logs (two or three formatted lines a hand-off, ~0.15
         # ms before the send, issue 23: 3): said once the messages left, or failed to.
         try:
-            self._send_all(plan, snap, grants)
+            self._send(plan, snap, grants, looks, settle)
         finally:
             _log_deferrals(plan.new_deferrals, plan.decision)
             _log_misses(plan.misses)
@@ -142,10 +133,45 @@ class Dispatcher:
             later.append(snap.next_look)
         return plan, min(later, default=None)
 
+    def _grant_and_record_apart(
+            self, plan: Plan, snap: Snapshot, slots: Mapping[str, Sequence[LeaseView | None]]
+            | None) -> tuple[Plan, dict[str, dict[str, Any]], dict[str, float],
+                             Callable[[], object]]:
+        """The heavy lease and the pools' slots granted, then the plan recorded (but for
+        more sends than a page: ``_send``). Returns the plan carried out, the grants, the
+        looks and what settles beat's memory (``_record``)."""
+        plan, grant_kwargs = self._grant(plan, snap.lock.fence)
+        grants = {}
+        if grant_kwargs and plan.decision.winner is not None:
+            grants[plan.decision.winner] = grant_kwargs
+        try:
+            plan = self._grant_slots(plan, snap.lock.fence, slots or {}, grants)
+        except BeatLockLost:
+            self._release_all(grants)
+            raise
+        looks, settle = self._record(plan, snap, grants, slots)
+        return plan, grants, looks, settle
+
+    def _send(self, plan: Plan, snap: Snapshot, grants: dict[str, dict[str, Any]],
+              looks: Mapping[str, float], settle: Callable[[], object] | None) -> None:
+        """Send the plan's messages, memory settled (``settle``, unless the plan was recorded
+        with its grant) once the whole plan is recorded: before the sends, or, with more
+        sends than a page, after their pages."""
+        if settle is not None and len(plan.sends) > self.rt.store.read_page:
+            self._record_and_send_by_pages(plan, snap, grants, looks)
+            settle()
+            return
+        if settle is not None:
+            settle()
+        self.before_send(plan)
+        self._send_all(plan, snap, grants)
+
     def _record(self, plan: Plan, snap: Snapshot, grants: dict[str, dict[str, Any]],
-                slots: Mapping[str, Sequence[LeaseView | None]] | None) -> dict[str, float]:
+                slots: Mapping[str, Sequence[LeaseView | None]] | None,
+                ) -> tuple[dict[str, float], Callable[[], object]]:
         """Write the plan's record changes and each planned lane's next look, together, only
-        while holding the beat lock. Returns the looks."""
+        while holding the beat lock. Returns the looks, and what settles beat's memory on
+        them: called once the whole plan is recorded."""
         states = with_changes(plan.states, plan.changes)
         looks, waiting = self._looks(plan, states, snap)
         winner = grants.get(plan.decision.winner or "")
@@ -157,40 +183,67 @@ class Dispatcher:
         writes = {lane: look for lane, look in looks.items()
                   if self.memory.scores.get(lane) != look}
         if not self._write_sched(plan, writes):
-            self._release_all(grants)
-            # Refused for a lock no beat holds: Redis lost its state between two calls (a
-            # plan over many lanes is recorded by pages, seconds of calls at a million lanes),
-            # as the dispatch's renewal would have found it. What this beat remembers is kept
-            # for its next tick to take the lock back and put back (FairScheduler); standing
-            # by with its memory reset, it took the lock afresh and put back nothing.
-            if self.rt.store.renew_held(self.token, self.settings.beat_lock_ttl_s) == "":
-                raise BeatLockVanished("the beat lock vanished while recording the dispatch")
-            self.memory.reset()
-            raise BeatLockLost("beat lock lost before recording the dispatch")
-        self.memory.settle(looks, plan.now, token, waiting, states,
-                           holds=None if slots is None else holds_after(slots, grants))
-        return looks
+            self._refused(grants)
+        return looks, lambda: self.memory.settle(
+            looks, plan.now, token, waiting, states,
+            holds=None if slots is None else holds_after(slots, grants))
+
+    def _refused(self, grants: Mapping[str, dict[str, Any]]) -> NoReturn:
+        """A guarded record write was refused: give back ``grants`` (whose messages will not
+        leave) and raise what the lock's state says."""
+        self._release_all(grants)
+        # Refused for a lock no beat holds: Redis lost its state between two calls (a plan
+        # over many lanes is recorded by pages, seconds of calls at a million lanes), as the
+        # dispatch's renewal would have found it. What this beat remembers is kept for its
+        # next tick to take the lock back and put back (FairScheduler); standing by with its
+        # memory reset, it took the lock afresh and put back nothing.
+        if self.rt.store.renew_held(self.token, self.settings.beat_lock_ttl_s) == "":
+            raise BeatLockVanished("the beat lock vanished while recording the dispatch")
+        self.memory.reset()
+        raise BeatLockLost("beat lock lost before recording the dispatch")
 
     def _write_sched(self, plan: Plan, looks: Mapping[str, float]) -> bool:
         """Write the plan's record changes and ``looks`` while holding the beat lock; False
         (the rest unwritten) once it is lost. More lanes than a page (a million family members
         added at once) go a page of lanes a call: one call of every record held Redis for
         seconds (1.5 s at 200,000 lanes), every worker's lease renewal and run end waiting
-        behind it. The lanes the plan sends go in the last call: a tick cut off between
-        calls leaves next looks and deferrals, which the next tick works out again, but never
-        an in-flight mark for a message that was not sent."""
+        behind it. The lanes the plan sends go in the last call (more of them than a page:
+        by pages, each just before its messages, ``_record_and_send_by_pages``): a tick cut
+        off between calls leaves next looks and deferrals, which the next tick works out
+        again, but never an in-flight mark for a message that was not sent."""
         store, page, changes = self.rt.store, self.rt.store.read_page, plan.changes
         if len(changes) + len(looks) <= page:
             return store.write_sched(self.token, changes, looks)
         lanes = [lane for lane in dict.fromkeys([*changes, *looks]) if lane not in plan.sends]
         pages = [lanes[i:i + page] for i in range(0, len(lanes), page)]
-        pages.append([lane for lane in plan.sends if lane in changes or lane in looks])
-        for part in pages:
-            if not store.write_sched(
-                    self.token, {lane: changes[lane] for lane in part if lane in changes},
-                    {lane: looks[lane] for lane in part if lane in looks}):
-                return False
-        return True
+        if len(plan.sends) <= page:  # more: each page recorded just before it is sent
+            pages.append(list(plan.sends))
+        return all(self._write_page(plan, looks, part) for part in pages)
+
+    def _write_page(self, plan: Plan, looks: Mapping[str, float], lanes: Sequence[str]) -> bool:
+        """One guarded call: ``lanes``' record changes and next looks."""
+        changes = plan.changes
+        return self.rt.store.write_sched(
+            self.token, {lane: changes[lane] for lane in lanes if lane in changes},
+            {lane: looks[lane] for lane in lanes if lane in looks})
+
+    def _record_and_send_by_pages(self, plan: Plan, snap: Snapshot,
+                                  grants: Mapping[str, dict[str, Any]],
+                                  looks: Mapping[str, float]) -> None:
+        """More lanes to send than a page (a light family's members all due at once): each
+        page's in-flight marks written, then its messages sent, then the next page. Every
+        mark in one call held Redis for 0.66 s at 200,000 light members (seconds at a
+        million); written all before any send, a lock lost between two calls would leave
+        marks of messages that never left. The granted lanes go in the first page. A page
+        refused gives back the grants not yet sent and raises as a refused record does."""
+        page = self.rt.store.read_page
+        lanes = sorted(plan.sends, key=lambda lane: lane not in grants)
+        self.before_send(plan)
+        for start in range(0, len(lanes), page):
+            part = lanes[start:start + page]
+            if not self._write_page(plan, looks, part):
+                self._refused({lane: grants[lane] for lane in lanes[start:] if lane in grants})
+            self._send_all(plan, snap, grants, part)
 
     def _grant_and_record(self, plan: Plan, snap: Snapshot,
                           slots: Mapping[str, Sequence[LeaseView | None]] | None,
@@ -410,12 +463,13 @@ class Dispatcher:
             logger.error("Redis refused a command for the %s (%s): %s", what, exc, fix)
         self.refused[what] = str(exc)
 
-    def _send_all(self, plan: Plan, snap: Snapshot,
-                  grants: Mapping[str, dict[str, Any]]) -> None:
-        """Send the heavy winner, every pool's grants and every light lane; log what left
-        for the audit."""
+    def _send_all(self, plan: Plan, snap: Snapshot, grants: Mapping[str, dict[str, Any]],
+                  lanes: Sequence[str] | None = None) -> None:
+        """Send the heavy winner, every pool's grants and every light lane (``lanes`` of them
+        only, when given); log what left for the audit."""
         sent = []
-        for lane, send in plan.sends.items():
+        for lane in plan.sends if lanes is None else lanes:
+            send = plan.sends[lane]
             kwargs = grants.get(lane) or light_kwargs(snap.lock.fence)
             if self.send(lane, send, kwargs):
                 grant = kwargs.get(LEASE_KWARG, {})

@@ -503,3 +503,93 @@ def test_redis_restarting_inside_a_step_the_keeper_kept_still_puts_back_what_bea
     assert back.runs == 7 and back.last_run_at == pytest.approx(ran_at), back
     assert sched.active and redis_client.get(keys.beat_lock) == sched.token
     sched.close()
+
+
+PING = "p.ping"
+LIGHT_MEMBERS = 1_200
+
+
+def declare_light(app: Celery) -> None:
+    @app.task(shared=False, base=LaneTask, name=PING,
+              lane=LaneFamily(cadence_s=CADENCE_S, kind=LaneKind.LIGHT))
+    def ping(key: str) -> None: ...
+
+
+def light_beat(key_prefix: str, redis_client: redis.Redis,
+               ) -> tuple[FairScheduler, list[tuple[str, list[str]]]]:
+    """A beat with LIGHT_MEMBERS light members just added (all due), pages of 500, and a log
+    of its guarded record calls ("write", lanes) and the lanes it sent ("send", [lane])."""
+    keys = Keys(key_prefix)
+    app = make_app(key_prefix, declare_light, start_deadline_s=60.0)
+    sched = FairScheduler(app=app)
+    sched.tick()
+    sched.rt.store.read_page = 500
+    FamilyStore(redis_client, keys, [PING]).add(PING, [f"k{i:05d}" for i in range(LIGHT_MEMBERS)])
+    events: list[tuple[str, list[str]]] = []
+    real_write, real_send = sched.rt.store.write_sched, sched.engine.dispatcher.send
+
+    def write_sched(token: str, records: Any, looks: Any = None) -> bool:
+        events.append(("write", sorted({*records, *(looks or {})})))
+        return real_write(token, records, looks)
+
+    def send(lane: str, *args: Any) -> bool:
+        events.append(("send", [lane]))
+        return real_send(lane, *args)
+
+    sched.rt.store.write_sched = write_sched  # type: ignore[method-assign]
+    sched.engine.dispatcher.send = send  # type: ignore[method-assign]
+    return sched, events
+
+
+def in_flight(client: redis.Redis, keys: Keys) -> set[str]:
+    """The members whose sched record holds an in-flight mark."""
+    lanes = [member_lane(PING, f"k{i:05d}") for i in range(LIGHT_MEMBERS)]
+    raws = client.hmget(keys.lanes, [sched_field(lane) for lane in lanes])
+    return {lane for lane, raw in zip(lanes, raws, strict=True)
+            if raw is not None and decode(SchedRecord, raw, lane).inflight_task_id}
+
+
+def test_more_sends_than_a_page_are_recorded_and_sent_a_page_at_a_time(
+        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis) -> None:
+    """Every light member due at once: their in-flight marks went in one call (0.66 s of
+    Redis at 200,000). Each page's marks are written just before its messages leave."""
+    sched, events = light_beat(key_prefix, redis_client)
+    sched.tick()
+    assert broker.llen("light") == LIGHT_MEMBERS
+    assert max(len(lanes) for kind, lanes in events if kind == "write") <= 500
+    written: set[str] = set()
+    for kind, lanes in events:
+        if kind == "write":
+            written |= set(lanes)
+        else:
+            assert lanes[0] in written, f"{lanes[0]} sent before its mark was written"
+    # Interleaved: a page's sends come before the next page's marks are written.
+    writes_after_a_send = [i for i, (kind, _) in enumerate(events)
+                           if kind == "write" and any(k == "send" for k, _ in events[:i])]
+    assert len(writes_after_a_send) >= 2, [k for k, _ in events][:20]
+    assert in_flight(redis_client, Keys(key_prefix)) == {
+        lanes[0] for kind, lanes in events if kind == "send"}
+    sched.close()
+
+
+def test_a_lock_lost_between_pages_of_sends_leaves_a_mark_only_for_each_message_sent(
+        key_prefix: str, broker: redis.Redis, redis_client: redis.Redis) -> None:
+    """Another beat takes the lock once the first page of sends left: the next page's marks
+    are refused, nothing more is sent, beat stands by, and every in-flight mark in Redis is
+    that of a message that left."""
+    keys = Keys(key_prefix)
+    sched, events = light_beat(key_prefix, redis_client)
+    real_write = sched.rt.store.write_sched
+
+    def write_sched(token: str, records: Any, looks: Any = None) -> bool:
+        if any(kind == "send" for kind, _ in events):
+            redis_client.set(keys.beat_lock, "another-beat", px=60_000)
+        return real_write(token, records, looks)
+
+    sched.rt.store.write_sched = write_sched  # type: ignore[method-assign]
+    sched.tick()
+    sent = {lanes[0] for kind, lanes in events if kind == "send"}
+    assert 0 < len(sent) < LIGHT_MEMBERS and not sched.active
+    assert broker.llen("light") == len(sent)
+    assert in_flight(redis_client, keys) == sent
+    sched.close()

@@ -16,7 +16,7 @@ def test_members_added_at_once_are_planned_in_one_round_by_the_beat_holding_the_
         redis_url: str, redis_client: redis.Redis, key_prefix: str) -> None:
     out = at_once.run(redis_url, 3_000, lock_ttl_s=3.0, rounds=3, prefix=key_prefix)
     assert out["planned_all"] and out["rounds_to_plan_all"] == 1, out
-    assert out["lock_changed_hands"] == 0 and out["heavy_sent"] == 2, out  # then the next
+    assert out["lock_changed_hands"] == 0 and out["sent"] == 2, out  # then the next
     (row,) = out["rounds"]
     assert row["active_holds"] and not row["standby_took_over"] and row["failed"] == ""
     assert out["first_tick_s"] > 0 and out["add_s"] >= 0
