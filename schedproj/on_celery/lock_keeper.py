@@ -7,10 +7,10 @@ records of a million family members added at once, planning them, writing their 
 longer than the lock TTL: the lock lapsed inside it, the tick's guarded writes were refused,
 and the next tick took the lock afresh and did it all again - a lone beat never finished, and
 with a standby the beats took turns. The keeper renews the lock while a tick runs, but only
-within an allowance the tick earned by the lanes it read (:data:`PER_LANE_S` each): a tick
-hung in a due-check hook or a user's ``members`` hook, having read a few lanes, keeps nothing,
-so a standby takes over a lock TTL after it as before; a tick over a million lanes keeps the
-lock for at most :data:`PER_LANE_S` x 1,000,000 = 250 s however long it hangs.
+within an allowance the tick earned by the lanes it read or plans (:data:`PER_LANE_S` each):
+a tick hung in a due-check hook or a user's ``members`` hook, having read a few lanes, keeps
+nothing, so a standby takes over a lock TTL after it as before; a tick over a million lanes
+keeps the lock for at most :data:`PER_LANE_S` x 1,000,000 = 250 s however long it hangs.
 
 The renewal is ``lua/beat_renew.lua`` (the main thread's too): a token-guarded PEXPIRE that never
 takes a vacant lock. A renewal that finds the lock gone or held by another stops the keeper;
@@ -70,9 +70,10 @@ class LockKeeper:
             self._kept_at = 0.0
 
     def earn(self, lanes: int) -> None:
-        """The tick read ``lanes`` lanes: keep its lock up to :data:`PER_LANE_S` a lane after
-        it began. Starts the thread the first time (not before: a process that forks after
-        making the scheduler keeps no thread that did not survive the fork)."""
+        """The tick read, plans, or was handed by a ``members`` hook ``lanes`` lanes: keep its
+        lock up to :data:`PER_LANE_S` a lane after it began (the most any of them earned).
+        Starts the thread the first time (not before: a process that forks after making the
+        scheduler keeps no thread that did not survive the fork)."""
         with self._cond:
             if self._began is None:
                 return
