@@ -25,6 +25,7 @@ from celery import Celery
 
 import schedproj.on_celery.beat as beat_module
 from schedproj import Lane, LaneKind, LaneTask
+from schedproj.core import defaults
 from schedproj.core.families import LaneFamily, member_lane
 from schedproj.core.records import Outcome, RunRecord, SchedRecord, decode, encode
 from schedproj.on_celery import lock_keeper
@@ -131,6 +132,34 @@ def declare_dream(app: Celery) -> None:
     def dream() -> None: ...
 
 
+def dream_beat(key_prefix: str, redis_client: redis.Redis,
+               declare_lanes: Any = None, **settings: Any) -> tuple[FairScheduler, float]:
+    """A beat (lock TTL LOCK_TTL_S unless ``settings`` say otherwise) that has ticked twice
+    remembering DREAM's record (ran 10 s ago, 7 runs), and when that run was."""
+    keys = Keys(key_prefix)
+    app = make_app(key_prefix, declare_lanes or declare_dream, start_deadline_s=60.0,
+                   **(settings or {"beat_max_loop_interval_s": LOCK_TTL_S / 3,
+                                   "beat_lock_ttl_s": LOCK_TTL_S}))
+    ran_at = time.time() - 10
+    redis_client.hset(keys.lanes, run_field(DREAM), encode(RunRecord(
+        last_run_at=ran_at, last_outcome=Outcome.COMPLETED, runs=7)))
+    sched = FairScheduler(app=app)
+    sched.tick()
+    sched.tick()  # a normal tick: beat remembers DREAM's record
+    return sched, ran_at
+
+
+def assert_put_back(sched: FairScheduler, client: redis.Redis, ran_at: float) -> None:
+    """DREAM's record is back as ``dream_beat`` wrote it, and ``sched`` holds the lock."""
+    keys = Keys(sched.settings.key_prefix)
+    raw = client.hget(keys.lanes, run_field(DREAM))
+    assert raw is not None, f"{DREAM}'s run record (ran 10 s ago) was not put back"
+    back = sched.rt.store.read_run(DREAM)
+    assert back.runs == 7 and back.last_run_at == pytest.approx(ran_at), back
+    assert sched.active and client.get(keys.beat_lock) == sched.token
+    sched.close()
+
+
 def test_a_state_loss_while_a_long_tick_plans_still_puts_back_what_beat_remembers(
         key_prefix: str, broker: redis.Redis, redis_client: redis.Redis,
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -140,15 +169,7 @@ def test_a_state_loss_while_a_long_tick_plans_still_puts_back_what_beat_remember
     puts DREAM's record back. The renewal went through beat_lock.lua, which took the vacant
     lock and gave it back, and beat stood by with its memory reset: its next tick took the
     lock as a beat that was not active and put back nothing (DREAM read as never run)."""
-    keys = Keys(key_prefix)
-    app = make_app(key_prefix, declare_dream, beat_max_loop_interval_s=LOCK_TTL_S / 3,
-                   beat_lock_ttl_s=LOCK_TTL_S, start_deadline_s=60.0)
-    ran_at = time.time() - 10
-    redis_client.hset(keys.lanes, run_field(DREAM), encode(RunRecord(
-        last_run_at=ran_at, last_outcome=Outcome.COMPLETED, runs=7)))
-    sched = FairScheduler(app=app)
-    sched.tick()
-    sched.tick()  # a normal tick: beat remembers DREAM's record
+    sched, ran_at = dream_beat(key_prefix, redis_client)
     assert sched.active and broker.llen("heavy") == 0
     sched.rt.store.touch([DREAM])  # the next tick plans it
     real_plan = beat_module.plan_tick
@@ -165,12 +186,7 @@ def test_a_state_loss_while_a_long_tick_plans_still_puts_back_what_beat_remember
     sched.tick()
     assert lost
     sched.tick()
-    raw = redis_client.hget(keys.lanes, run_field(DREAM))
-    assert raw is not None, f"{DREAM}'s run record (ran 10 s ago) was not put back"
-    back = sched.rt.store.read_run(DREAM)
-    assert back.runs == 7 and back.last_run_at == pytest.approx(ran_at), back
-    assert sched.active and redis_client.get(keys.beat_lock) == sched.token
-    sched.close()
+    assert_put_back(sched, redis_client, ran_at)
 
 
 def slowed_once(monkeypatch: pytest.MonkeyPatch, seconds: float,
@@ -251,6 +267,18 @@ def test_a_tick_hung_past_what_it_earned_lets_the_lock_go(
         beat.close()
 
 
+def paged_beat(key_prefix: str, redis_client: redis.Redis,
+               ) -> tuple[FairScheduler, list[str], list[str]]:
+    """A beat (the default lock TTL) with pages of 500, MEMBERS due members just added
+    (``add_due_members``: their keys and lanes)."""
+    app = make_app(key_prefix, declare, start_deadline_s=60.0)
+    sched = FairScheduler(app=app)
+    sched.tick()
+    sched.rt.store.read_page = 500
+    members, lanes = add_due_members(redis_client, Keys(key_prefix))
+    return sched, members, lanes
+
+
 def test_a_plan_over_many_lanes_is_recorded_by_pages_the_sends_last(
         key_prefix: str, broker: redis.Redis, redis_client: redis.Redis) -> None:
     """Every member's record and next look in one guarded call held Redis for 1.5 s at 200,000
@@ -258,11 +286,7 @@ def test_a_plan_over_many_lanes_is_recorded_by_pages_the_sends_last(
     the lanes sent - the heavy winner here - in the last: a tick cut off between two calls
     leaves no in-flight mark of a message never sent."""
     keys = Keys(key_prefix)
-    app = make_app(key_prefix, declare, start_deadline_s=60.0)
-    sched = FairScheduler(app=app)
-    sched.tick()
-    sched.rt.store.read_page = 500
-    members, lanes = add_due_members(redis_client, keys)
+    sched, members, lanes = paged_beat(key_prefix, redis_client)
     calls: list[list[str]] = []
     real_write = sched.rt.store.write_sched
 
@@ -286,11 +310,7 @@ def test_a_lock_lost_between_pages_sends_nothing_and_marks_nothing_in_flight(
     heavy lease granted for the winner is given back, no message leaves, and the winner's
     record holds no in-flight mark (it is in the last page)."""
     keys = Keys(key_prefix)
-    app = make_app(key_prefix, declare, start_deadline_s=60.0)
-    sched = FairScheduler(app=app)
-    sched.tick()
-    sched.rt.store.read_page = 500
-    members, _ = add_due_members(redis_client, keys)
+    sched, members, _ = paged_beat(key_prefix, redis_client)
     real_write = sched.rt.store.write_sched
     made: list[bool] = []
 
@@ -354,15 +374,7 @@ def test_a_state_loss_inside_a_step_the_keeper_kept_still_puts_back_what_beat_re
     ago by its last read alone (the tick's start, over a TTL before), so it put back nothing
     and DREAM read as never run."""
     monkeypatch.setattr(lock_keeper, "PER_LANE_S", 10.0)  # DREAM's read earns 10 s
-    keys = Keys(key_prefix)
-    app = make_app(key_prefix, declare_dream, beat_max_loop_interval_s=LOCK_TTL_S / 3,
-                   beat_lock_ttl_s=LOCK_TTL_S, start_deadline_s=60.0)
-    ran_at = time.time() - 10
-    redis_client.hset(keys.lanes, run_field(DREAM), encode(RunRecord(
-        last_run_at=ran_at, last_outcome=Outcome.COMPLETED, runs=7)))
-    sched = FairScheduler(app=app)
-    sched.tick()
-    sched.tick()
+    sched, ran_at = dream_beat(key_prefix, redis_client)
     sched.rt.store.touch([DREAM])  # read by the next tick: it earns, and plans DREAM
 
     def lose() -> None:
@@ -376,13 +388,8 @@ def test_a_state_loss_inside_a_step_the_keeper_kept_still_puts_back_what_beat_re
     assert slowed and sched.keeper.renewals >= 3 and sched.keeper.lost() == ""
     assert sched.active
     sched.tick()
-    raw = redis_client.hget(keys.lanes, run_field(DREAM))
-    assert raw is not None, f"{DREAM}'s run record (ran 10 s ago) was not put back"
-    back = sched.rt.store.read_run(DREAM)
-    assert back.runs == 7 and back.last_run_at == pytest.approx(ran_at), back
-    assert sched.active and redis_client.get(keys.beat_lock) == sched.token
     assert broker.llen("heavy") == 0
-    sched.close()
+    assert_put_back(sched, redis_client, ran_at)
 
 
 def test_a_state_loss_just_after_a_tick_the_keeper_kept_still_puts_back_run_records(
@@ -394,13 +401,7 @@ def test_a_state_loss_just_after_a_tick_the_keeper_kept_still_puts_back_run_reco
     long tick's read alone, beat counted as away for over a TTL and put back nothing."""
     monkeypatch.setattr(lock_keeper, "PER_LANE_S", 10.0)
     keys = Keys(key_prefix)
-    app = make_app(key_prefix, declare_dream, beat_max_loop_interval_s=LOCK_TTL_S / 3,
-                   beat_lock_ttl_s=LOCK_TTL_S, start_deadline_s=60.0)
-    redis_client.hset(keys.lanes, run_field(DREAM), encode(RunRecord(
-        last_run_at=time.time() - 10, last_outcome=Outcome.COMPLETED, runs=7)))
-    sched = FairScheduler(app=app)
-    sched.tick()
-    sched.tick()
+    sched, _ = dream_beat(key_prefix, redis_client)
     sched.rt.store.touch([DREAM])
     slowed = slowed_once(monkeypatch, 2.5 * LOCK_TTL_S)
     sched.tick()
@@ -428,12 +429,9 @@ def test_a_state_loss_between_pages_of_the_record_keeps_beat_the_one_that_puts_b
     tick takes the lock back and puts DREAM's record back as read in that tick. It stood by
     with its memory reset, took the lock afresh as a new beat and put back nothing."""
     keys = Keys(key_prefix)
-    app = make_app(key_prefix, declare_both, start_deadline_s=60.0)
-    redis_client.hset(keys.lanes, run_field(DREAM), encode(RunRecord(
-        last_run_at=time.time() - 10, last_outcome=Outcome.COMPLETED, runs=7)))
-    sched = FairScheduler(app=app)
-    sched.tick()
-    sched.tick()
+    sched, _ = dream_beat(key_prefix, redis_client, declare_both,  # the default lock TTL
+                          beat_max_loop_interval_s=defaults.BEAT_MAX_LOOP_INTERVAL_S,
+                          beat_lock_ttl_s=defaults.BEAT_LOCK_TTL_S)
     sched.rt.store.read_page = 500
     add_due_members(redis_client, keys)
     ran_at = time.time() - 5
@@ -473,15 +471,7 @@ def test_redis_restarting_inside_a_step_the_keeper_kept_still_puts_back_what_bea
     beat takes the lock and puts DREAM's record back; counted as away since the tick's read, it
     put back nothing."""
     monkeypatch.setattr(lock_keeper, "PER_LANE_S", 10.0)
-    keys = Keys(key_prefix)
-    app = make_app(key_prefix, declare_dream, beat_max_loop_interval_s=LOCK_TTL_S / 3,
-                   beat_lock_ttl_s=LOCK_TTL_S, start_deadline_s=60.0)
-    ran_at = time.time() - 10
-    redis_client.hset(keys.lanes, run_field(DREAM), encode(RunRecord(
-        last_run_at=ran_at, last_outcome=Outcome.COMPLETED, runs=7)))
-    sched = FairScheduler(app=app)
-    sched.tick()
-    sched.tick()
+    sched, ran_at = dream_beat(key_prefix, redis_client)
     sched.rt.store.touch([DREAM])
     real_renew = sched.rt.store.renew_held
 
@@ -497,12 +487,7 @@ def test_redis_restarting_inside_a_step_the_keeper_kept_still_puts_back_what_bea
     assert slowed and sched.keeper.renewals >= 3 and not sched.active
     sched.rt.store.renew_held = real_renew  # type: ignore[method-assign]
     sched.tick()
-    raw = redis_client.hget(keys.lanes, run_field(DREAM))
-    assert raw is not None, f"{DREAM}'s run record (ran 10 s ago) was not put back"
-    back = sched.rt.store.read_run(DREAM)
-    assert back.runs == 7 and back.last_run_at == pytest.approx(ran_at), back
-    assert sched.active and redis_client.get(keys.beat_lock) == sched.token
-    sched.close()
+    assert_put_back(sched, redis_client, ran_at)
 
 
 PING = "p.ping"
