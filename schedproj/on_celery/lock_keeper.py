@@ -49,23 +49,33 @@ class LockKeeper:
         self._ttl_s = ttl_s
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
-        #: The tick under way: when it began (None: no tick), and until when it may be kept.
-        self._began: float | None = None
+        # The keeper schedules on the monotonic clock: a wall clock stepped back during a long
+        # step (an NTP step) would hold its renewals back by as much and let the lock lapse.
+        # What it tells the main thread (renewed_at, kept_at) is on the wall clock, as beat's.
+        #: The tick under way (a new number each tick; None: no tick), when it began and until
+        #: when it may be kept (monotonic).
+        self._tick: int | None = None
+        self._ticks = 0
+        self._began = 0.0
         self._until = 0.0
+        #: The last renewal in this tick (monotonic), for the next one's time.
+        self._renewed = 0.0
         self._renewed_at = 0.0
         #: The last renewal made in the tick (the keeper's or the main thread's; 0: none yet).
         self._kept_at = 0.0
         self._lost: str | None = None
-        #: Not before this (a renewal failed on a Redis error).
+        #: Not before this (monotonic; a renewal failed).
         self._retry_at = 0.0
         #: Renewals made (tests and the bench read it).
         self.renewals = 0
 
     def begin(self, renewed_at: float) -> None:
-        """A tick begins; its read renews the lock at ``renewed_at``. Nothing is kept until the
-        tick earns it."""
+        """A tick begins; its read renews the lock at ``renewed_at`` (wall clock). Nothing is
+        kept until the tick earns it."""
         with self._cond:
-            self._began, self._until = renewed_at, renewed_at
+            self._ticks += 1
+            self._tick = self._ticks
+            self._began = self._until = self._renewed = _monotonic_of(renewed_at)
             self._renewed_at, self._lost, self._retry_at = renewed_at, None, 0.0
             self._kept_at = 0.0
 
@@ -75,7 +85,7 @@ class LockKeeper:
         Starts the thread the first time (not before: a process that forks after making the
         scheduler keeps no thread that did not survive the fork)."""
         with self._cond:
-            if self._began is None:
+            if self._tick is None:
                 return
             self._until = max(self._until, self._began + PER_LANE_S * lanes)
             if self._until - self._began <= self._ttl_s / 3:
@@ -89,12 +99,12 @@ class LockKeeper:
     def end(self) -> None:
         """The tick ended: nothing more is renewed for it."""
         with self._cond:
-            self._began = None
+            self._tick = None
             self._cond.notify_all()
 
     def renewed_at(self) -> float:
         """When the lock was last renewed in this tick (by the keeper or by :meth:`begin`'s
-        read)."""
+        read), on the wall clock."""
         with self._cond:
             return self._renewed_at
 
@@ -112,22 +122,23 @@ class LockKeeper:
             return self._lost
 
     def renewed(self, at: float) -> None:
-        """The main thread renewed the lock itself at ``at``."""
+        """The main thread renewed the lock itself at ``at`` (wall clock)."""
         with self._cond:
             self._renewed_at = max(self._renewed_at, at)
             self._kept_at = max(self._kept_at, at)
+            self._renewed = max(self._renewed, _monotonic_of(at))
 
     def _run(self) -> None:
         while True:
             with self._cond:
                 due = self._next_renewal()
-                while due is None or due > time.time():
-                    self._cond.wait(None if due is None else due - time.time())
+                while due is None or due > time.monotonic():
+                    self._cond.wait(None if due is None else due - time.monotonic())
                     due = self._next_renewal()
-                began = self._began
+                tick = self._tick
             # The lock is kept from when the renewal was asked (its PEXPIRE runs after this):
             # the time of the reply would count it held a round trip longer than it is.
-            asked = time.time()
+            asked, asked_at = time.monotonic(), time.time()
             try:
                 holder = self._renew()
             except Exception as exc:  # any exception let out ends the thread
@@ -141,26 +152,32 @@ class LockKeeper:
                 else:
                     logger.warning("lock keeper: renewal failed (%r); tried again shortly", exc)
                 with self._cond:
-                    self._retry_at = time.time() + self._ttl_s / 10
+                    self._retry_at = time.monotonic() + self._ttl_s / 10
                 continue
             with self._cond:
-                if self._began != began:
+                if self._tick != tick:
                     continue  # the tick ended (or another began) while renewing
                 if holder is None:
-                    self._renewed_at = max(self._renewed_at, asked)
-                    self._kept_at = max(self._kept_at, asked)
+                    self._renewed = max(self._renewed, asked)
+                    self._renewed_at = max(self._renewed_at, asked_at)
+                    self._kept_at = max(self._kept_at, asked_at)
                     self.renewals += 1
                 else:
-                    self._lost, self._began = holder, None
+                    self._lost, self._tick = holder, None
 
     def _next_renewal(self) -> float | None:
-        """When the next renewal is due (a third of the TTL after the last, or shortly after a
-        failed one), or None when there is none to make: no tick, the lock lost, or past what
-        the tick earned."""
-        if self._began is None or self._lost is not None:
+        """When the next renewal is due on the monotonic clock (a third of the TTL after the
+        last, or shortly after a failed one), or None when there is none to make: no tick, the
+        lock lost, or past what the tick earned."""
+        if self._tick is None or self._lost is not None:
             return None
-        due = max(self._renewed_at + self._ttl_s / 3, self._retry_at)
+        due = max(self._renewed + self._ttl_s / 3, self._retry_at)
         return due if due <= self._until else None
+
+
+def _monotonic_of(wall: float) -> float:
+    """The monotonic time of a wall-clock time just past (``wall``, at most now)."""
+    return time.monotonic() - max(0.0, time.time() - wall)
 
 
 __all__ = ["PER_LANE_S", "LockKeeper"]

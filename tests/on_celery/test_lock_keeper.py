@@ -148,3 +148,33 @@ def test_a_renewal_that_fails_with_an_error_beyond_redis_errors_is_retried(
     time.sleep(TTL_S)
     keeper.end()
     assert len(calls) >= 2 and keeper.renewals >= 1 and keeper.renewed_at() > began, calls
+
+
+class SteppedClock:
+    """``time`` as the keeper sees it, with the wall clock stepped by ``step`` seconds (an NTP
+    step) and the monotonic clock left alone."""
+
+    def __init__(self) -> None:
+        self.step = 0.0
+
+    def time(self) -> float:
+        return time.time() + self.step
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+
+def test_a_wall_clock_stepped_back_during_a_step_holds_no_renewal_back(
+        per_lane: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Scheduled on the wall clock, a step of the clock 10 s back during a long step held
+    every renewal back 10 s: the lock lapsed. The keeper schedules on the monotonic clock."""
+    clock = SteppedClock()
+    monkeypatch.setattr(lock_keeper, "time", clock)
+    renew = Renewals()
+    keeper = LockKeeper(renew, TTL_S)
+    keeper.begin(clock.time())
+    keeper.earn(1000)
+    clock.step = -10.0
+    time.sleep(4 * TTL_S)
+    keeper.end()
+    assert len(renew.calls) >= 3, renew.calls
