@@ -306,7 +306,10 @@ elif SCENARIO == "family":
     @shared_task(base=LaneTask, bind=True, name="e2e.repo-sync",
                  lane=LaneFamily(cadence_s=30, kind=LaneKind.HEAVY, jitter=0.2, order=20))
     def repo_sync(self: LaneTask, key: str) -> None:
-        sleeper(self, f"e2e.repo-sync[{key}]", 0.01)
+        # 40 ms: the family's first pass lasts several of the ordinary heavy lane's cadences
+        # (at 10 ms it drained within two on a fast hour, and the lane could not be seen
+        # keeping its turns).
+        sleeper(self, f"e2e.repo-sync[{key}]", 0.04)
 
     @shared_task(base=LaneTask, bind=True, name="e2e.plain-heavy",
                  lane=Lane(cadence_s=1.5, kind=LaneKind.HEAVY, order=10))
