@@ -451,11 +451,14 @@ def test_failover_of_the_slots_master_under_a_running_heavy_lane(
     endpoint = next(p for p in c.ports if p not in (master, replica))
     # From now on the replica receives nothing: every write lands on the master only.
     c.lock_out_replica(master)
-    # Renewals every 3 s, so the holder still holds when a failover of about 3 s is over; a
-    # quarantine shorter than the default 12 s (still past the next renewal) keeps this short.
+    # Renewals every 5 s: the first after the kill (4.5 s after it) lands once a failover of
+    # up to about 4 s is over, and the holder, which yields only after 10 s without a renewal,
+    # runs its 8 s through. (At 9 s, renewals every 3 s, a failover slowed past 2.5 s by a
+    # loaded CI machine made the holder yield: two renewals missed.) A quarantine shorter than
+    # the default 12 s (still past the next renewal) keeps this short.
     procs = processes(tmp_path, c, "slow",
                       SCHEDPROJ_REDIS_URL=c.url_of(endpoint, user=("app", "app-password")),
-                      SCHEDPROJ_HOLD_CAP_S="60", SCHEDPROJ_LEASE_TTL_S="9",
+                      SCHEDPROJ_HOLD_CAP_S="60", SCHEDPROJ_LEASE_TTL_S="15",
                       SCHEDPROJ_STATE_LOSS_QUARANTINE_S="7")
     try:
         worker = procs.worker("heavy1", "heavy")
